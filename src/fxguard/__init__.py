@@ -1,0 +1,155 @@
+"""fxguard: per-thread FX-tracing state for PyTorch.
+
+    import fxguard
+    fxguard.install()     # before or after torch.compile: identities are kept
+
+``import fxguard`` does not import torch; ``install()`` does.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from typing import Any
+
+from . import _core, patches
+from ._core import RLock, block_mask_lock, fx_tracing, is_fx_symbolic_tracing, is_fx_tracing
+from .torch_plan import OPTIONS, UnsupportedTorchError
+
+__all__ = [
+    "install", "uninstall", "is_installed", "status", "is_fx_tracing", "is_fx_symbolic_tracing",
+    "fx_tracing", "block_mask_lock", "create_block_mask", "RLock", "UnsupportedTorchError",
+    "get_original", "is_object_patched",
+]
+__version__ = "0.1.0"
+
+_MODES = {0: "not-installed", 1: "patched", 2: "upstream-thread-local"}
+_lock = threading.Lock()      # install/uninstall are rare: a plain lock suffices
+_installed: dict[str, Any] | None = None  # {"layout", "options", "rows"} while installed
+
+get_original = patches.get_original
+is_object_patched = patches.is_object_patched
+
+if hasattr(os, "register_at_fork"):
+    # A child forked while another thread held the lock must get a usable one.
+    os.register_at_fork(after_in_child=block_mask_lock._at_fork_reinit)
+
+
+def install(**options: bool) -> dict:
+    """Make torch's FX-tracing state per-thread.  Idempotent; returns status().
+
+    Options (all default True): ``block_mask_lock`` (torch's create_block_mask
+    takes fxguard.block_mask_lock), ``config_window_lock`` (no other thread's
+    dynamo compile runs inside _set_compilation_env's config window),
+    ``eager_backward`` (compile backward graphs with the forward, which removes
+    the shared-GPU deadlock).  Raises UnsupportedTorchError, leaving torch
+    untouched, on a torch whose layout fxguard does not know.
+    """
+    global _installed
+    unknown = set(options) - set(OPTIONS)
+    if unknown:
+        raise TypeError(f"install() got unknown options {sorted(unknown)}; known: {list(OPTIONS)}")
+    chosen = {name: bool(options.get(name, True)) for name in OPTIONS}
+    with _lock:
+        if _installed is not None:
+            if _installed["options"] == chosen:
+                return status()
+            _uninstall_locked()
+        import torch  # noqa: F401  (install() is where torch gets imported)
+        from torch.fx import _symbolic_trace
+
+        from . import torch_plan
+        layout = torch_plan.detect_layout(_symbolic_trace)
+        changes, rows = torch_plan.prepare(layout, chosen)  # raises before touching torch
+        try:
+            for change in changes:
+                patches.apply_patch(*change)
+            _configure_core(layout)
+        except BaseException:
+            patches.revert_all()
+            _core._configure(0)
+            raise
+        _installed = {"layout": layout, "options": chosen, "rows": rows}
+        return status()
+
+
+def _configure_core(layout: str) -> None:
+    import torch
+    from torch.fx import _symbolic_trace
+
+    from .torch_plan import UPSTREAM
+    hooks = {"is_compiling": torch.compiler.is_compiling}
+    if layout == UPSTREAM:
+        hooks.update(upstream_get=_symbolic_trace._get_is_fx_tracing,
+                     upstream_set=_symbolic_trace._set_is_fx_tracing)
+        _core._configure(2, **hooks)
+        return
+    # torch carries these Python objects into autograd worker threads.
+    for hook, name in (("tls_stash", "_stash_obj_in_tls"), ("tls_has", "_is_key_in_tls"),
+                       ("tls_get", "_get_obj_in_tls")):
+        hooks[hook] = getattr(torch._C, name, None)
+    _core._configure(1, **hooks)
+
+
+def uninstall() -> None:
+    """Restore torch exactly as it was: same objects, same code, same module class.
+
+    Idempotent.  Raises RuntimeError (and changes nothing) while a thread is
+    inside an FX trace, since that trace's code is the patched code.
+    """
+    with _lock:
+        _uninstall_locked()
+
+
+def _uninstall_locked() -> None:
+    global _installed
+    if _installed is None:
+        return
+    busy = _core._tracing_cells()
+    if busy and _core._mode() == 1:
+        raise RuntimeError(f"fxguard.uninstall(): {busy} thread(s) are inside an FX trace; "
+                           "uninstall after they finish")
+    patches.revert_all()
+    _core._configure(0)
+    _installed = None
+
+
+def is_installed() -> bool:
+    return _installed is not None
+
+
+def status() -> dict:
+    """Torch version, mode, and each patch point: found / patched."""
+    torch = sys.modules.get("torch")
+    info: dict[str, Any] = {
+        "fxguard": __version__,
+        "torch": getattr(torch, "__version__", None),
+        "python": sys.version.split()[0],
+        "mode": _MODES[_core._mode()],
+        "layout": None,
+        "options": None,
+        "patch_points": [],
+        "autograd_workers": None,
+    }
+    if _installed is not None:
+        info.update(layout=_installed["layout"], options=dict(_installed["options"]),
+                    patch_points=[dict(r) for r in _installed["rows"]])
+        if info["mode"] == "patched":
+            has_tls = all(hasattr(torch._C, n) for n in ("_stash_obj_in_tls", "_is_key_in_tls",
+                                                          "_get_obj_in_tls"))
+            info["autograd_workers"] = ("state carried via torch._C._stash_obj_in_tls" if has_tls
+                                        else "not carried (this torch lacks _stash_obj_in_tls)")
+        else:
+            info["autograd_workers"] = "torch's own threading.local (not carried into workers)"
+    return info
+
+
+def create_block_mask(*args: Any, **kwargs: Any) -> Any:
+    """torch.nn.attention.flex_attention.create_block_mask, holding block_mask_lock."""
+    from torch.nn.attention.flex_attention import create_block_mask as torch_create_block_mask
+    original = patches.get_original(torch_create_block_mask, "__code__")
+    with block_mask_lock:
+        if original is torch_create_block_mask.__code__:
+            return torch_create_block_mask(*args, **kwargs)
+        # installed: call the saved original directly (the lock is already held)
+        return torch_create_block_mask.__globals__["__fxguard__"].original(*args, **kwargs)

@@ -1,0 +1,155 @@
+/* fx_tracing(active=True): set the calling thread's FX-tracing flag for the
+ * duration of a with-block and put back the previous value on exit, also when
+ * the block raises.  Each object is one scope: it restores the very cell it
+ * wrote, so nesting (with fresh objects) unwinds exactly. */
+#include "fxguard.h"
+
+typedef struct {
+    PyObject_HEAD
+    int active;
+    int entered;
+    int prev;
+    PyObject *cell;          /* written cell (own or carried-in); NULL in upstream mode */
+    PyObject *upstream_prev; /* previous upstream value; upstream mode only */
+} FxTracingObject;
+
+static PyObject *
+fx_tracing_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"active", NULL};
+    int active = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|p:fx_tracing", kwlist, &active)) {
+        return NULL;
+    }
+    FxTracingObject *self = (FxTracingObject *)type->tp_alloc(type, 0);
+    if (self != NULL) {
+        self->active = active;
+    }
+    return (PyObject *)self;
+}
+
+static int
+fx_tracing_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    FxTracingObject *o = (FxTracingObject *)self;
+    Py_VISIT(o->cell);
+    Py_VISIT(o->upstream_prev);
+    Py_VISIT(Py_TYPE(self));
+    return 0;
+}
+
+static int
+fx_tracing_clear(PyObject *self)
+{
+    FxTracingObject *o = (FxTracingObject *)self;
+    Py_CLEAR(o->cell);
+    Py_CLEAR(o->upstream_prev);
+    return 0;
+}
+
+static void
+fx_tracing_dealloc(PyObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    fx_tracing_clear(self);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+static PyObject *
+fx_tracing_enter(PyObject *self, PyObject *Py_UNUSED(ignored))
+{
+    FxTracingObject *o = (FxTracingObject *)self;
+    fxg_state *st = fxg_state_of_type(Py_TYPE(self));
+    if (st == NULL) {
+        return NULL;
+    }
+    if (o->entered) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "fx_tracing() object is already in use; create a new one per with-block");
+        return NULL;
+    }
+    if (st->mode == FXG_MODE_UPSTREAM) {
+        PyObject *prev = PyObject_CallNoArgs(st->upstream_get);
+        if (prev == NULL) {
+            return NULL;
+        }
+        if (fxg_upstream_set(st, o->active ? Py_True : Py_False) < 0) {
+            Py_DECREF(prev);
+            return NULL;
+        }
+        o->upstream_prev = prev;
+    }
+    else {
+        o->cell = fxg_thread_set_tracing(st, o->active, &o->prev);
+        if (o->cell == NULL) {
+            return NULL;
+        }
+    }
+    o->entered = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+fx_tracing_exit(PyObject *self, PyObject *const *Py_UNUSED(args), Py_ssize_t Py_UNUSED(nargs))
+{
+    FxTracingObject *o = (FxTracingObject *)self;
+    fxg_state *st = fxg_state_of_type(Py_TYPE(self));
+    if (st == NULL) {
+        return NULL;
+    }
+    if (!o->entered) {
+        PyErr_SetString(PyExc_RuntimeError, "fx_tracing() exited without being entered");
+        return NULL;
+    }
+    o->entered = 0;
+    if (o->cell != NULL) {
+        fxg_cell_set(st, o->cell, o->prev);
+        Py_CLEAR(o->cell);
+    }
+    else if (o->upstream_prev != NULL) {
+        PyObject *prev = o->upstream_prev;
+        o->upstream_prev = NULL;
+        int r = fxg_upstream_set(st, prev);
+        Py_DECREF(prev);
+        if (r < 0) {
+            return NULL;
+        }
+    }
+    Py_RETURN_FALSE; /* never swallow the block's exception */
+}
+
+static PyObject *
+fx_tracing_repr(PyObject *self)
+{
+    FxTracingObject *o = (FxTracingObject *)self;
+    return PyUnicode_FromFormat("fxguard.fx_tracing(active=%s)", o->active ? "True" : "False");
+}
+
+static PyMethodDef fx_tracing_methods[] = {
+    {"__enter__", fx_tracing_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)(void (*)(void))fx_tracing_exit, METH_FASTCALL, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot fx_tracing_slots[] = {
+    {Py_tp_new, fx_tracing_new},
+    {Py_tp_dealloc, fx_tracing_dealloc},
+    {Py_tp_traverse, fx_tracing_traverse},
+    {Py_tp_clear, fx_tracing_clear},
+    {Py_tp_methods, fx_tracing_methods},
+    {Py_tp_repr, fx_tracing_repr},
+    {Py_tp_doc,
+     "fx_tracing(active=True)\n--\n\n"
+     "Context manager: set the calling thread's FX-tracing flag inside the\n"
+     "with-block and restore the previous value on exit (also on exceptions)."},
+    {0, NULL},
+};
+
+PyType_Spec fxg_fx_tracing_spec = {
+    .name = "fxguard._core.fx_tracing",
+    .basicsize = sizeof(FxTracingObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = fx_tracing_slots,
+};

@@ -1,0 +1,148 @@
+"""Generic patch machinery: one map of saved originals, so undo is exact.
+
+Every change fxguard makes to another library is one ``Patch``: set attribute
+``attr`` of ``owner`` to a new value, remembering what was there (or that
+nothing was).  ``revert_all`` undoes them in reverse order.  Nothing here knows
+about torch; the torch-specific plan lives in ``torch_plan``.
+
+To keep object identity (compiled functions, dynamo's tables and other modules
+all hold torch's function objects), functions are never replaced: their
+``__code__`` is.  ``wrapper_code`` builds such replacement code.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import types
+from typing import Any, NamedTuple
+
+MISSING: Any = type("MISSING", (), {"__repr__": lambda self: "<missing>"})()
+
+
+class Patch(NamedTuple):
+    label: str      # what this patch is for, as status() shows it
+    owner: object   # whose attribute changes
+    attr: str       # which attribute
+    original: Any   # what was there (MISSING if nothing)
+    value: Any      # what we put there
+
+
+_applied: list[Patch] = []
+
+
+def resolve_path(path: str) -> tuple[object, str, object]:
+    """'pkg.mod.Class.attr' -> (owner, 'attr', current value), importing pkg.mod."""
+    parts = path.split(".")
+    for split in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        for name in parts[split:-1]:
+            obj = getattr(obj, name)
+        return obj, parts[-1], getattr(obj, parts[-1], MISSING)
+    raise ImportError(f"cannot import any module prefix of {path!r}")
+
+
+def apply_patch(label: str, owner: object, attr: str, value: Any) -> Patch:
+    original = getattr(owner, attr, MISSING)
+    setattr(owner, attr, value)
+    patch = Patch(label, owner, attr, original, value)
+    _applied.append(patch)
+    return patch
+
+
+def revert(patch: Patch) -> None:
+    if patch.original is MISSING:
+        delattr(patch.owner, patch.attr)
+    else:
+        setattr(patch.owner, patch.attr, patch.original)
+
+
+def revert_all() -> None:
+    while _applied:
+        revert(_applied.pop())
+
+
+def applied() -> tuple[Patch, ...]:
+    return tuple(_applied)
+
+
+def get_original(owner: object, attr: str) -> Any:
+    """What ``owner.attr`` was before fxguard touched it (current value if untouched)."""
+    for patch in _applied:
+        if patch.owner is owner and patch.attr == attr:
+            return patch.original
+    return getattr(owner, attr, MISSING)
+
+
+def is_object_patched(owner: object, attr: str | None = None) -> bool:
+    return any(p.owner is owner and (attr is None or p.attr == attr) for p in _applied)
+
+
+# -- replacement code for functions whose identity must survive -------------
+
+def _parameters(code: types.CodeType) -> tuple[str, str]:
+    """Parameter list and matching call arguments, as source text."""
+    names = code.co_varnames
+    npos, nposonly, nkw = code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount
+    pos, kw = names[:npos], names[npos:npos + nkw]
+    i = npos + nkw
+    star = starstar = None
+    if code.co_flags & inspect.CO_VARARGS:
+        star, i = names[i], i + 1
+    if code.co_flags & inspect.CO_VARKEYWORDS:
+        starstar = names[i]
+    params = list(pos)
+    if nposonly:
+        params.insert(nposonly, "/")
+    if star:
+        params.append("*" + star)
+    elif kw:
+        params.append("*")
+    params += kw
+    call = list(pos) + ([f"*{star}"] if star else []) + [f"{k}={k}" for k in kw]
+    if starstar:
+        params.append("**" + starstar)
+        call.append("**" + starstar)
+    return ", ".join(params), ", ".join(call)
+
+
+def wrapper_code(fn: types.FunctionType, body: str) -> types.CodeType:
+    """Code for ``fn`` with the same parameters, running ``body`` instead.
+
+    ``body`` is indented source that may use ``{call}`` (the parameters passed
+    on, e.g. ``self, root, concrete_args``).  Globals it names resolve in
+    ``fn.__globals__``.  The result keeps fn's file, name and first line, so
+    dynamo's skip rules treat it as the original did.
+    """
+    original = fn.__code__
+    if original.co_freevars:
+        raise TypeError(f"{fn.__qualname__} is a closure; its code cannot be swapped")
+    params, call = _parameters(original)
+    source = f"def {original.co_name}({params}):\n" + body.format(call=call)
+    namespace: dict[str, Any] = {}
+    exec(compile(source, original.co_filename, "exec"), namespace)
+    code = namespace[original.co_name].__code__
+    if code.co_freevars:
+        raise TypeError("wrapper body must not create a closure")
+    changes = dict(co_firstlineno=original.co_firstlineno)
+    if hasattr(original, "co_qualname"):
+        changes["co_qualname"] = original.co_qualname
+    return code.replace(**changes)
+
+
+def shadow_function(fn: types.FunctionType, code: types.CodeType | None = None) -> types.FunctionType:
+    """A new function object running fn's (or the given) code with fn's globals and defaults."""
+    shadow = types.FunctionType(code or fn.__code__, fn.__globals__, fn.__name__,
+                                fn.__defaults__, fn.__closure__)
+    shadow.__kwdefaults__ = fn.__kwdefaults__
+    shadow.__qualname__ = fn.__qualname__
+    shadow.__module__ = fn.__module__
+    shadow.__doc__ = fn.__doc__
+    return shadow
+
+
+def rename_global(code: types.CodeType, old: str, new: str) -> types.CodeType:
+    """Code whose global/attribute name ``old`` reads and writes ``new`` instead."""
+    return code.replace(co_names=tuple(new if n == old else n for n in code.co_names))

@@ -1,0 +1,359 @@
+/* RLock: a re-entrant lock whose bookkeeping lives under the GIL.
+ *
+ * Like CPython's _thread.RLock it tracks an owner thread and a count, but the
+ * uncontended path takes no OS lock at all: owner, count and the number of
+ * waiters are only touched while holding the GIL, which already serialises
+ * every Python thread.  Only a thread that must wait touches the OS
+ * semaphore, and it releases the GIL while it sleeps on it. */
+#include "fxguard.h"
+#include <time.h>
+
+typedef struct {
+    PyObject_HEAD
+    unsigned long owner;       /* thread ident, 0 when free */
+    unsigned long count;       /* re-entrancy depth of the owner */
+    Py_ssize_t waiters;        /* threads sleeping on wakeup */
+    PyThread_type_lock wakeup; /* posted by release() when waiters > 0 */
+    /* statistics */
+    unsigned long long acquisitions;
+    unsigned long long contended;
+    long long wait_ns_total;
+    long long wait_ns_max;
+} RLockObject;
+
+static long long
+now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static PyThread_type_lock
+new_wakeup(void)
+{
+    /* Starts taken: a waiter blocks on it until release() posts it. */
+    PyThread_type_lock l = PyThread_allocate_lock();
+    if (l != NULL) {
+        PyThread_acquire_lock(l, WAIT_LOCK);
+    }
+    return l;
+}
+
+static PyObject *
+rlock_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    if (PyTuple_GET_SIZE(args) != 0 || (kwargs != NULL && PyDict_GET_SIZE(kwargs) != 0)) {
+        PyErr_SetString(PyExc_TypeError, "RLock() takes no arguments");
+        return NULL;
+    }
+    RLockObject *self = (RLockObject *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->wakeup = new_wakeup();
+    if (self->wakeup == NULL) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    return (PyObject *)self;
+}
+
+static void
+rlock_dealloc(PyObject *self)
+{
+    RLockObject *o = (RLockObject *)self;
+    PyTypeObject *tp = Py_TYPE(self);
+    if (o->wakeup != NULL) {
+        PyThread_free_lock(o->wakeup);
+    }
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+/* Wait until the lock is free and take it.  Returns 1 acquired, 0 timed out,
+ * -1 with an exception (a signal handler raised). */
+static int
+acquire_contended(RLockObject *o, unsigned long me, PY_TIMEOUT_T timeout_us)
+{
+    long long start = now_ns();
+    long long deadline = timeout_us < 0 ? -1 : start + (long long)timeout_us * 1000;
+    int got = 0;
+    o->waiters++;
+    while (o->owner != 0) {
+        PY_TIMEOUT_T wait_us = -1;
+        if (deadline >= 0) {
+            long long left = deadline - now_ns();
+            if (left <= 0) {
+                break;
+            }
+            wait_us = (PY_TIMEOUT_T)(left / 1000);
+        }
+        PyLockStatus r;
+        Py_BEGIN_ALLOW_THREADS
+        r = PyThread_acquire_lock_timed(o->wakeup, wait_us, 1);
+        Py_END_ALLOW_THREADS
+        if (r == PY_LOCK_INTR && Py_MakePendingCalls() < 0) {
+            o->waiters--;
+            return -1;
+        }
+        /* PY_LOCK_ACQUIRED consumed one wakeup; loop to re-check the owner,
+         * since a thread that never waited may have taken the lock first. */
+    }
+    o->waiters--;
+    if (o->owner == 0) {
+        o->owner = me;
+        o->count = 1;
+        got = 1;
+        long long waited = now_ns() - start;
+        o->contended++;
+        o->wait_ns_total += waited;
+        if (waited > o->wait_ns_max) {
+            o->wait_ns_max = waited;
+        }
+    }
+    return got;
+}
+
+/* 1 acquired, 0 not, -1 error. */
+static int
+rlock_acquire_impl(RLockObject *o, int blocking, PY_TIMEOUT_T timeout_us)
+{
+    unsigned long me = PyThread_get_thread_ident();
+    if (o->owner == me) {
+        if (o->count == ULONG_MAX) {
+            PyErr_SetString(PyExc_OverflowError, "internal lock count overflowed");
+            return -1;
+        }
+        o->count++;
+        o->acquisitions++;
+        return 1;
+    }
+    if (o->owner == 0) {
+        o->owner = me;
+        o->count = 1;
+        o->acquisitions++;
+        return 1;
+    }
+    if (!blocking) {
+        return 0;
+    }
+    int r = acquire_contended(o, me, timeout_us);
+    if (r == 1) {
+        o->acquisitions++;
+    }
+    return r;
+}
+
+static PyObject *
+rlock_acquire(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *blocking_obj = Py_True, *timeout_obj = NULL;
+    static const char *const names[] = {"blocking", "timeout"};
+    PyObject *vals[2] = {NULL, NULL};
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "acquire() takes at most 2 arguments");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++) {
+        vals[i] = args[i];
+    }
+    for (Py_ssize_t k = 0; k < nkw; k++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, k);
+        int found = 0;
+        for (int j = 0; j < 2; j++) {
+            if (PyUnicode_CompareWithASCIIString(name, names[j]) == 0) {
+                if (vals[j] != NULL) {
+                    PyErr_Format(PyExc_TypeError, "acquire() got multiple values for '%s'", names[j]);
+                    return NULL;
+                }
+                vals[j] = args[nargs + k];
+                found = 1;
+            }
+        }
+        if (!found) {
+            PyErr_Format(PyExc_TypeError, "acquire() got an unexpected keyword argument '%U'", name);
+            return NULL;
+        }
+    }
+    if (vals[0] != NULL) {
+        blocking_obj = vals[0];
+    }
+    timeout_obj = vals[1];
+    int blocking = PyObject_IsTrue(blocking_obj);
+    if (blocking < 0) {
+        return NULL;
+    }
+    PY_TIMEOUT_T timeout_us = -1;
+    if (timeout_obj != NULL) {
+        double t = PyFloat_AsDouble(timeout_obj);
+        if (t == -1.0 && PyErr_Occurred()) {
+            return NULL;
+        }
+        if (!blocking && t != -1.0) {
+            PyErr_SetString(PyExc_ValueError, "can't specify a timeout for a non-blocking call");
+            return NULL;
+        }
+        if (t < 0 && t != -1.0) {
+            PyErr_SetString(PyExc_ValueError, "timeout value must be a non-negative number");
+            return NULL;
+        }
+        if (t >= 0) {
+            if (t * 1e6 > (double)PY_TIMEOUT_MAX) {
+                PyErr_SetString(PyExc_OverflowError, "timeout value is too large");
+                return NULL;
+            }
+            timeout_us = (PY_TIMEOUT_T)(t * 1e6);
+        }
+    }
+    int r = rlock_acquire_impl((RLockObject *)self, blocking, timeout_us);
+    if (r < 0) {
+        return NULL;
+    }
+    return PyBool_FromLong(r);
+}
+
+static int
+rlock_release_impl(RLockObject *o)
+{
+    if (o->count == 0 || o->owner != PyThread_get_thread_ident()) {
+        PyErr_SetString(PyExc_RuntimeError, "cannot release un-acquired lock");
+        return -1;
+    }
+    if (--o->count == 0) {
+        o->owner = 0;
+        if (o->waiters > 0) {
+            PyThread_release_lock(o->wakeup);
+        }
+    }
+    return 0;
+}
+
+static PyObject *
+rlock_release(PyObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (rlock_release_impl((RLockObject *)self) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+rlock_enter(PyObject *self, PyObject *Py_UNUSED(ignored))
+{
+    int r = rlock_acquire_impl((RLockObject *)self, 1, -1);
+    if (r < 0) {
+        return NULL;
+    }
+    Py_RETURN_TRUE;
+}
+
+static PyObject *
+rlock_exit(PyObject *self, PyObject *const *Py_UNUSED(args), Py_ssize_t Py_UNUSED(nargs))
+{
+    if (rlock_release_impl((RLockObject *)self) < 0) {
+        return NULL;
+    }
+    Py_RETURN_FALSE;
+}
+
+static PyObject *
+rlock_is_owned(PyObject *self, PyObject *Py_UNUSED(ignored))
+{
+    RLockObject *o = (RLockObject *)self;
+    return PyBool_FromLong(o->count > 0 && o->owner == PyThread_get_thread_ident());
+}
+
+static PyObject *
+rlock_locked(PyObject *self, PyObject *Py_UNUSED(ignored))
+{
+    return PyBool_FromLong(((RLockObject *)self)->owner != 0);
+}
+
+static PyObject *
+rlock_stats(PyObject *self, PyObject *Py_UNUSED(ignored))
+{
+    RLockObject *o = (RLockObject *)self;
+    PyObject *owner = o->owner ? PyLong_FromUnsignedLong(o->owner) : Py_NewRef(Py_None);
+    if (owner == NULL) {
+        return NULL;
+    }
+    return Py_BuildValue("{s:K,s:K,s:L,s:L,s:N,s:k,s:n}",
+                         "acquisitions", o->acquisitions,
+                         "contended", o->contended,
+                         "wait_ns_total", o->wait_ns_total,
+                         "wait_ns_max", o->wait_ns_max,
+                         "owner", owner,
+                         "depth", o->count,
+                         "waiters", o->waiters);
+}
+
+static PyObject *
+rlock_reset_stats(PyObject *self, PyObject *Py_UNUSED(ignored))
+{
+    RLockObject *o = (RLockObject *)self;
+    o->acquisitions = o->contended = 0;
+    o->wait_ns_total = o->wait_ns_max = 0;
+    Py_RETURN_NONE;
+}
+
+/* In a child forked while another thread held the lock, that thread does not
+ * exist: start over with a free lock and a fresh semaphore. */
+static PyObject *
+rlock_at_fork_reinit(PyObject *self, PyObject *Py_UNUSED(ignored))
+{
+    RLockObject *o = (RLockObject *)self;
+    PyThread_type_lock fresh = new_wakeup();
+    if (fresh == NULL) {
+        return PyErr_NoMemory();
+    }
+    /* The old semaphore may be in any state; leak it rather than free a lock
+     * another (now vanished) thread may have been blocked on. */
+    o->wakeup = fresh;
+    o->owner = 0;
+    o->count = 0;
+    o->waiters = 0;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+rlock_repr(PyObject *self)
+{
+    RLockObject *o = (RLockObject *)self;
+    return PyUnicode_FromFormat("<fxguard.RLock %s owner=%lu count=%lu at %p>",
+                                o->owner ? "locked" : "unlocked", o->owner, o->count, self);
+}
+
+static PyMethodDef rlock_methods[] = {
+    {"acquire", (PyCFunction)(void (*)(void))rlock_acquire, METH_FASTCALL | METH_KEYWORDS,
+     "acquire(blocking=True, timeout=-1) -> bool\n\nLike threading.RLock.acquire; "
+     "the GIL is released while waiting."},
+    {"release", rlock_release, METH_NOARGS,
+     "release()\n\nRaises RuntimeError unless the calling thread owns the lock."},
+    {"__enter__", rlock_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)(void (*)(void))rlock_exit, METH_FASTCALL, NULL},
+    {"locked", rlock_locked, METH_NOARGS, "True while any thread holds the lock."},
+    {"_is_owned", rlock_is_owned, METH_NOARGS, "True if the calling thread holds the lock."},
+    {"stats", rlock_stats, METH_NOARGS,
+     "stats() -> dict: acquisitions, contended, wait_ns_total, wait_ns_max, owner, depth, waiters."},
+    {"reset_stats", rlock_reset_stats, METH_NOARGS, "Zero the counters of stats()."},
+    {"_at_fork_reinit", rlock_at_fork_reinit, METH_NOARGS, "Reset after fork (child side)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot rlock_slots[] = {
+    {Py_tp_new, rlock_new},
+    {Py_tp_dealloc, rlock_dealloc},
+    {Py_tp_methods, rlock_methods},
+    {Py_tp_repr, rlock_repr},
+    {Py_tp_doc, "RLock()\n--\n\nRe-entrant lock (owner + count) that releases the GIL while waiting."},
+    {0, NULL},
+};
+
+PyType_Spec fxg_rlock_spec = {
+    .name = "fxguard._core.RLock",
+    .basicsize = sizeof(RLockObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = rlock_slots,
+};

@@ -101,17 +101,32 @@ def swap_code(body: str, **helper_attrs: Callable[[], Any]) -> Callable:
     return how
 
 
-def wrap_code(body: str, unwrap: str | None = None, rename: tuple[str, str] | None = None,
-              **helper_attrs: Callable[[], Any]) -> Callable:
+def unwrap(fn: Any, found: Callable[[types.CodeType], bool]) -> Any:
+    """Follow ``__wrapped__`` (contextmanager, functools.wraps, dynamo's disable())
+    down to the function whose code satisfies ``found``."""
+    seen = 0
+    while not (isinstance(fn, types.FunctionType) and found(fn.__code__)) and seen < 10:
+        fn, seen = getattr(fn, "__wrapped__", None), seen + 1
+    return fn
+
+
+def uses_flag(code: types.CodeType) -> bool:
+    return FLAG in code.co_names
+
+
+def is_generator(code: types.CodeType) -> bool:
+    return bool(code.co_flags & inspect.CO_GENERATOR)
+
+
+def wrap_code(body: str, find: Callable[[types.CodeType], bool] = lambda code: True,
+              rename: tuple[str, str] | None = None, **helper_attrs: Callable[[], Any]) -> Callable:
     """Like swap_code, with the original kept as ``__fxguard__.original``.
 
-    ``unwrap`` follows an attribute first (``__wrapped__`` of a contextmanager);
-    ``rename`` redirects a global the original code reads and writes.
+    ``find`` picks the function to rewrite among those ``__wrapped__`` leads
+    to; ``rename`` redirects a global the original code reads and writes.
     """
     def how(label: str, where: str, owner: Any, fn: Any, ctx: Context) -> None:
-        if unwrap:
-            fn = getattr(fn, unwrap, None)
-        fn = _function(fn, where)
+        fn = _function(unwrap(fn, find), where)
         code = fn.__code__
         if rename:
             if rename[0] not in code.co_names:
@@ -172,12 +187,13 @@ PLAN: tuple[Step, ...] = (
          swap_code(IS_FX_SYMBOLIC_TRACING,
                    is_fx_symbolic_tracing=lambda: _core.is_fx_symbolic_tracing), GLOBAL_ONLY),
     Step("flag writer",    "torch.fx._symbolic_trace.Tracer.trace",
-         wrap_code(TRACE, rename=(FLAG, SCRATCH_FLAG), fx_tracing=lambda: _core.fx_tracing),
+         wrap_code(TRACE, find=uses_flag, rename=(FLAG, SCRATCH_FLAG),
+                   fx_tracing=lambda: _core.fx_tracing),
          GLOBAL_ONLY),
     Step("flag attribute", "torch.fx._symbolic_trace._is_fx_tracing_flag",
          thread_flag_attribute, GLOBAL_ONLY),
     Step("config window",  "torch._higher_order_ops.utils._set_compilation_env",
-         wrap_code(SET_COMPILATION_ENV, unwrap="__wrapped__", compile_lock=_torch_compile_lock),
+         wrap_code(SET_COMPILATION_ENV, find=is_generator, compile_lock=_torch_compile_lock),
          option="config_window_lock"),
     Step("block-mask lock", "torch.nn.attention.flex_attention.create_block_mask",
          wrap_code(CREATE_BLOCK_MASK, is_compiling=_torch_is_compiling,
@@ -201,6 +217,7 @@ def _functions_in(module: types.ModuleType):
     values += [v for cls in values if isinstance(cls, type) and own(cls) for v in vars(cls).values()]
     for value in values:
         value = getattr(value, "__func__", value)  # staticmethod / classmethod
+        value = unwrap(value, uses_flag) or value  # e.g. dynamo's disable(Tracer.trace)
         if isinstance(value, types.FunctionType) and own(value):
             stack = [value.__code__]
             while stack:

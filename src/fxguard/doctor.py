@@ -1,0 +1,78 @@
+"""python -m fxguard doctor: show the races on the installed torch, then the fix.
+
+Runs each deterministic race with fxguard off, then on, in this process, and
+prints a table.  Exit status 0 when fxguard fixes every race it found.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+
+import fxguard
+
+from . import races
+
+
+def _row(cells: list[str], widths: list[int]) -> str:
+    return "  ".join(c.ljust(w) for c, w in zip(cells, widths))
+
+
+def run_races() -> list[dict]:
+    fxguard.uninstall()
+    compiled = races.make_compiled()  # created before install(), like users' code
+    rows = []
+    for race in races.RACES:
+        kwargs = {"compiled": compiled} if race is races.trace_vs_compiled_call else {}
+        off = race(**kwargs)
+        races.reset_stock_flag()
+        rows.append({"race": off.name, "doc": race.__doc__.strip().splitlines()[0],
+                     "affected": off.raced, "stock": off.detail})
+    fxguard.install()
+    for row, race in zip(rows, races.RACES):
+        kwargs = {"compiled": compiled} if race is races.trace_vs_compiled_call else {}
+        on = race(**kwargs)
+        row.update(fixed=not on.raced, with_fxguard=on.detail)
+    return rows
+
+
+def report(rows: list[dict], status: dict, seconds: float) -> str:
+    lines = [
+        f"fxguard {status['fxguard']}  torch {status['torch']}  Python {status['python']}  "
+        f"{platform.machine()}  ({seconds:.1f} s)",
+        f"mode after install(): {status['mode']}  (torch layout: {status['layout']})",
+        "",
+    ]
+    widths = [26, 9, 44, 30]
+    lines.append(_row(["race", "affected", "stock torch", "with fxguard"], widths))
+    for r in rows:
+        lines.append(_row([r["race"], "yes" if r["affected"] else "no", r["stock"][:44],
+                           ("fixed: " if r["affected"] else "") + r["with_fxguard"]], widths))
+    lines += ["", "install() patched:"]
+    for p in status["patch_points"]:
+        mark = "patched" if p["patched"] else ("found, left alone" if p["found"] else "not found")
+        lines.append(f"  {p['what']:<16} {p['where']:<58} {mark}")
+    lines.append(f"autograd workers: {status['autograd_workers']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fxguard")
+    parser.add_argument("command", nargs="?", default="doctor", choices=["doctor", "status"])
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    args = parser.parse_args(argv)
+    if args.command == "status":
+        print(json.dumps(fxguard.status(), indent=2))
+        return 0
+    start = time.perf_counter()
+    rows = run_races()
+    status = fxguard.status()
+    print(report(rows, status, time.perf_counter() - start))
+    ok = all(r["fixed"] for r in rows)
+    print("\nresult:", "fxguard fixes every race found" if ok else "RACE NOT FIXED")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"status": status, "races": rows, "ok": ok}, f, indent=2)
+    return 0 if ok else 1

@@ -1,0 +1,133 @@
+"""The two races, forced deterministically with Events (used by doctor and tests).
+
+Each function runs one interleaving on the installed torch and reports whether
+the bad outcome happened.  They work with fxguard installed or not; that is
+the point: run them both ways and compare.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+TIMEOUT = 60.0  # seconds any one wait may take before the scenario gives up
+
+
+@dataclass
+class RaceResult:
+    name: str
+    raced: bool   # the bad outcome happened
+    detail: str
+
+
+def _wait(event: threading.Event, what: str) -> None:
+    if not event.wait(TIMEOUT):
+        raise TimeoutError(f"race scenario stalled waiting for {what}")
+
+
+def _run(target, name: str) -> tuple[threading.Thread, list[BaseException]]:
+    errors: list[BaseException] = []
+
+    def body() -> None:
+        try:
+            target()
+        except BaseException as e:  # reported by the caller
+            errors.append(e)
+
+    thread = threading.Thread(target=body, name=name, daemon=True)
+    thread.start()
+    return thread, errors
+
+
+def make_compiled():
+    """A small compiled function, compiled and warmed on the calling thread."""
+    import torch
+
+    compiled = torch.compile(lambda x: x * 2 + 1, backend="eager")
+    compiled(torch.ones(3))
+    return compiled
+
+
+def trace_vs_compiled_call(compiled=None) -> RaceResult:
+    """(a) Thread 1 sits inside torch.fx.symbolic_trace; thread 2 calls a compiled function.
+
+    Stock torch: thread 2 reads thread 1's flag and raises "Detected that you are
+    using FX to symbolically trace a dynamo-optimized function".
+    """
+    import torch
+
+    compiled = compiled or make_compiled()
+    inside, release = threading.Event(), threading.Event()
+
+    class Waits(torch.nn.Module):
+        def forward(self, x):
+            inside.set()
+            _wait(release, "the compiled call")
+            return x + 1
+
+    tracer, errors = _run(lambda: torch.fx.symbolic_trace(Waits()), "fx-tracer")
+    try:
+        _wait(inside, "the tracer to enter its trace")
+        compiled(torch.ones(3))
+        outcome = RaceResult("trace-vs-compiled-call", False, "compiled call ran")
+    except RuntimeError as e:
+        outcome = RaceResult("trace-vs-compiled-call", True, str(e).split("\n")[0])
+    finally:
+        release.set()
+        tracer.join(TIMEOUT)
+    if errors:
+        raise errors[0]
+    return outcome
+
+
+def trace_vs_compilation_env() -> RaceResult:
+    """(b) Tracer.trace and _set_compilation_env interleave their save/restore.
+
+    A enters a trace (flag True); B enters _set_compilation_env (saves True,
+    sets False); A's trace ends (restores False); B exits (restores True).
+    Stock torch: the flag is left True for every thread, for good.
+    """
+    import torch
+    from torch._higher_order_ops.utils import _set_compilation_env
+
+    a_inside, b_inside, a_done = threading.Event(), threading.Event(), threading.Event()
+
+    class Waits(torch.nn.Module):
+        def forward(self, x):
+            a_inside.set()
+            _wait(b_inside, "B to enter _set_compilation_env")
+            return x + 1
+
+    def tracer() -> None:
+        try:
+            torch.fx.symbolic_trace(Waits())
+        finally:
+            a_done.set()
+
+    def env_user() -> None:
+        _wait(a_inside, "A to enter its trace")
+        with _set_compilation_env():
+            b_inside.set()
+            _wait(a_done, "A to finish its trace")
+
+    a, a_errors = _run(tracer, "fx-tracer")
+    b, b_errors = _run(env_user, "compilation-env")
+    a.join(TIMEOUT)
+    b.join(TIMEOUT)
+    if a_errors or b_errors:
+        raise (a_errors + b_errors)[0]
+    st = torch.fx._symbolic_trace
+    stuck = bool(st._is_fx_tracing_flag) or st.is_fx_tracing()
+    detail = ("flag left True after both threads finished" if stuck
+              else "flag False after both threads finished")
+    return RaceResult("trace-vs-compilation-env", stuck, detail)
+
+
+def reset_stock_flag() -> None:
+    """Undo what a stock race left behind (only meaningful without fxguard)."""
+    import torch.fx._symbolic_trace as st
+
+    if "_is_fx_tracing_flag" in vars(st):
+        vars(st)["_is_fx_tracing_flag"] = False
+
+
+RACES = (trace_vs_compiled_call, trace_vs_compilation_env)

@@ -1,0 +1,19 @@
+"""Race tests run both ways: guard off must fail on a torch that races."""
+import pytest
+
+
+def torch_races() -> bool:
+    """Whether the installed torch keeps the FX-tracing flag process-wide."""
+    from torch.fx import _symbolic_trace
+
+    from fxguard import torch_plan
+    return torch_plan.detect_layout(_symbolic_trace) == torch_plan.MODULE_GLOBAL
+
+
+def both_ways():
+    """Parametrize over guard off (strict xfail where torch races) and on."""
+    return pytest.mark.parametrize("guard", [
+        pytest.param("off", marks=pytest.mark.xfail(
+            torch_races(), strict=True, reason="stock torch races: the test must catch it")),
+        "on",
+    ], indirect=True)

@@ -1,0 +1,139 @@
+"""The C core on its own: thread slots, the context manager, the descriptor, refcounts.
+
+Each test runs in a fresh interpreter that never imports torch, so the core
+is exercised without it (and proves ``import fxguard`` does not import torch).
+"""
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+
+def run_without_torch(body: str) -> None:
+    code = "import sys, threading, fxguard\n" + textwrap.dedent(body) + \
+        "\nassert 'torch' not in sys.modules, 'fxguard imported torch'\n"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_import_does_not_import_torch():
+    run_without_torch("assert fxguard.status()['mode'] == 'not-installed'")
+
+
+def test_each_thread_starts_false_and_sees_only_its_own_flag():
+    run_without_torch("""
+        inside, release, seen = threading.Event(), threading.Event(), []
+        def tracer():
+            with fxguard.fx_tracing():
+                inside.set(); release.wait(10)
+                seen.append(('tracer', fxguard.is_fx_tracing()))
+        t = threading.Thread(target=tracer); t.start(); inside.wait(10)
+        seen.append(('main', fxguard.is_fx_tracing()))
+        other = threading.Thread(target=lambda: seen.append(('new', fxguard.is_fx_tracing())))
+        other.start(); other.join(); release.set(); t.join()
+        assert sorted(seen) == [('main', False), ('new', False), ('tracer', True)], seen
+        assert fxguard._core._tracing_cells() == 0
+    """)
+
+
+def test_fx_tracing_restores_on_exception_and_nests():
+    run_without_torch("""
+        try:
+            with fxguard.fx_tracing():
+                assert fxguard.is_fx_tracing()
+                raise KeyError('boom')
+        except KeyError:
+            pass
+        assert not fxguard.is_fx_tracing()
+        with fxguard.fx_tracing(True):
+            with fxguard.fx_tracing(False):
+                assert not fxguard.is_fx_tracing() and not fxguard.is_fx_symbolic_tracing()
+                with fxguard.fx_tracing(True):
+                    assert fxguard.is_fx_tracing() and fxguard.is_fx_symbolic_tracing()
+                assert not fxguard.is_fx_tracing()
+            assert fxguard.is_fx_tracing()
+        assert not fxguard.is_fx_tracing()
+        cm = fxguard.fx_tracing()
+        with cm:
+            try:
+                cm.__enter__()
+                raise AssertionError('re-entering one fx_tracing object must fail')
+            except RuntimeError:
+                pass
+        with cm:  # reusable once exited
+            assert fxguard.is_fx_tracing()
+        try:
+            fxguard.fx_tracing().__exit__(None, None, None)
+            raise AssertionError('exit without enter must fail')
+        except RuntimeError:
+            pass
+        try:
+            fxguard.fx_tracing(active=1, extra=2)
+            raise AssertionError
+        except TypeError:
+            pass
+    """)
+
+
+def test_thread_flag_descriptor_reads_and_writes_the_calling_thread():
+    run_without_torch("""
+        import types
+        class Mod(types.ModuleType):
+            flag = fxguard._core.ThreadFlag()
+        m = Mod('m')
+        assert m.flag is False
+        m.flag = True
+        assert m.flag is True and fxguard.is_fx_tracing()
+        seen = []
+        t = threading.Thread(target=lambda: seen.append(m.flag)); t.start(); t.join()
+        assert seen == [False]
+        m.flag = False
+        try:
+            del m.flag
+            raise AssertionError('deleting must fail')
+        except AttributeError:
+            pass
+        assert isinstance(Mod.flag, fxguard._core.ThreadFlag)
+    """)
+
+
+@pytest.mark.parametrize("what", ["fx_tracing", "descriptor", "readers"])
+def test_hundred_thousand_calls_do_not_grow_memory(what):
+    run_without_torch(f"""
+        import gc, tracemalloc, types
+        class Mod(types.ModuleType):
+            flag = fxguard._core.ThreadFlag()
+        m = Mod('m')
+        def loop(n):
+            for _ in range(n):
+                if {what!r} == 'fx_tracing':
+                    with fxguard.fx_tracing():
+                        fxguard.is_fx_tracing()
+                elif {what!r} == 'descriptor':
+                    m.flag = True; m.flag; m.flag = False
+                else:
+                    fxguard.is_fx_tracing(); fxguard.is_fx_symbolic_tracing()
+        loop(1000)  # warm caches
+        gc.collect()
+        blocks = sys.getallocatedblocks()
+        tracemalloc.start()
+        loop(100_000)
+        gc.collect()
+        current, _ = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        grown = sys.getallocatedblocks() - blocks
+        assert current < 64 * 1024, current
+        assert grown < 200, grown
+    """)
+
+
+def test_rlock_basics_without_torch():
+    run_without_torch("""
+        lock = fxguard.block_mask_lock
+        assert isinstance(lock, fxguard.RLock)
+        with lock:
+            with lock:
+                assert lock.stats()['depth'] == 2
+        assert not lock.locked()
+    """)

@@ -1,0 +1,45 @@
+"""References taken before install() answer per-thread afterwards: identity is kept."""
+import threading
+
+import torch
+from torch.fx._symbolic_trace import is_fx_symbolic_tracing as alias_symbolic
+from torch.fx._symbolic_trace import is_fx_tracing as alias_tracing  # imported before install
+
+import fxguard
+
+
+def _other_thread_sees(fn):
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(fn()))
+    t.start()
+    t.join()
+    return seen[0]
+
+
+def test_aliases_imported_before_install_are_the_patched_objects():
+    fxguard.install()
+    assert alias_tracing is torch.fx._symbolic_trace.is_fx_tracing
+    with fxguard.fx_tracing(True):
+        assert alias_tracing() is True
+        assert alias_symbolic() is True
+        assert _other_thread_sees(alias_tracing) is False
+        assert _other_thread_sees(alias_symbolic) is False
+    assert alias_tracing() is False
+
+
+def test_dynamo_tables_still_key_on_the_same_function_objects():
+    from torch._dynamo.variables.torch import tracing_state_functions
+
+    before = dict(tracing_state_functions())
+    fxguard.install()
+    table = tracing_state_functions()
+    assert torch.fx._symbolic_trace.is_fx_tracing in table
+    assert torch.fx._symbolic_trace.is_fx_symbolic_tracing in table
+    assert table == before
+
+
+def test_compile_wrapper_closure_holds_the_patched_function():
+    compiled = torch.compile(lambda x: x + 1, backend="eager")
+    closure = {c.cell_contents for c in compiled.__closure__ or () if callable(c.cell_contents)}
+    fxguard.install()
+    assert torch.fx._symbolic_trace.is_fx_symbolic_tracing in closure

@@ -1,9 +1,17 @@
-"""Stress: many threads mixing symbolic_trace, make_fx and compiled calls, bounded in time."""
+"""Stress: many threads mixing symbolic_trace, make_fx and compiled calls, bounded in time.
+
+Traces take dynamo's compile_lock, as dynamo's own traces do: torch keeps other
+process-wide trace state (CURRENT_PATCHER, the nn.Module.__call__ patch) that
+no torch version makes safe for two overlapping traces, and fxguard does not
+claim to.  What overlaps here is the race fxguard fixes: traces in some
+threads, compiled calls in the others.
+"""
 import threading
 import time
 
 import torch
 from guarded import both_ways
+from torch._dynamo.convert_frame import compile_lock
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import fxguard
@@ -24,9 +32,11 @@ def _worker(kind, compiled, start, deadline, errors, flags_at_end, counts):
     try:
         while n < MAX_ITERATIONS and time.monotonic() < deadline:
             if kind == "symbolic_trace":
-                torch.fx.symbolic_trace(Small())
+                with compile_lock:
+                    torch.fx.symbolic_trace(Small())
             elif kind == "make_fx":
-                make_fx(lambda x: x.cos() + 1)(torch.ones(3))
+                with compile_lock:
+                    make_fx(lambda x: x.cos() + 1)(torch.ones(3))
             else:
                 compiled(torch.ones(3))
             n += 1

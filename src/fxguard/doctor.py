@@ -52,7 +52,8 @@ def report(rows: list[dict], status: dict, seconds: float) -> str:
                            ("fixed: " if r["affected"] else "") + r["with_fxguard"]], widths))
     lines += ["", "install() patched:"]
     for p in status["patch_points"]:
-        mark = "patched" if p["patched"] else ("found, left alone" if p["found"] else "not found")
+        mark = ("patched" if p["patched"] else "not needed on this torch" if not p["applies"]
+                else "found, left alone (option off)")
         lines.append(f"  {p['what']:<16} {p['where']:<58} {mark}")
     lines.append(f"autograd workers: {status['autograd_workers']}")
     return "\n".join(lines)

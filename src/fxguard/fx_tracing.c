@@ -11,6 +11,7 @@ typedef struct {
     int prev;
     PyObject *cell;          /* written cell (own or carried-in); NULL in upstream mode */
     PyObject *upstream_prev; /* previous upstream value; upstream mode only */
+    PyObject *upstream_set;  /* the setter used on enter, kept for exit */
 } FxTracingObject;
 
 static PyObject *
@@ -34,6 +35,7 @@ fx_tracing_traverse(PyObject *self, visitproc visit, void *arg)
     FxTracingObject *o = (FxTracingObject *)self;
     Py_VISIT(o->cell);
     Py_VISIT(o->upstream_prev);
+    Py_VISIT(o->upstream_set);
     Py_VISIT(Py_TYPE(self));
     return 0;
 }
@@ -44,6 +46,7 @@ fx_tracing_clear(PyObject *self)
     FxTracingObject *o = (FxTracingObject *)self;
     Py_CLEAR(o->cell);
     Py_CLEAR(o->upstream_prev);
+    Py_CLEAR(o->upstream_set);
     return 0;
 }
 
@@ -80,6 +83,7 @@ fx_tracing_enter(PyObject *self, PyObject *Py_UNUSED(ignored))
             return NULL;
         }
         o->upstream_prev = prev;
+        o->upstream_set = Py_NewRef(st->upstream_set); /* uninstall() may clear st's */
     }
     else {
         o->cell = fxg_thread_set_tracing(st, o->active, &o->prev);
@@ -109,13 +113,15 @@ fx_tracing_exit(PyObject *self, PyObject *const *Py_UNUSED(args), Py_ssize_t Py_
         Py_CLEAR(o->cell);
     }
     else if (o->upstream_prev != NULL) {
-        PyObject *prev = o->upstream_prev;
-        o->upstream_prev = NULL;
-        int r = fxg_upstream_set(st, prev);
+        PyObject *prev = o->upstream_prev, *setter = o->upstream_set;
+        o->upstream_prev = o->upstream_set = NULL;
+        PyObject *r = PyObject_CallOneArg(setter, prev);
         Py_DECREF(prev);
-        if (r < 0) {
+        Py_DECREF(setter);
+        if (r == NULL) {
             return NULL;
         }
+        Py_DECREF(r);
     }
     Py_RETURN_FALSE; /* never swallow the block's exception */
 }

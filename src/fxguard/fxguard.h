@@ -28,6 +28,7 @@ typedef struct {
     /* Set by install(), cleared by uninstall(); NULL otherwise. */
     PyObject *is_compiling;    /* torch.compiler.is_compiling */
     PyObject *tls_stash;       /* torch._C._stash_obj_in_tls */
+    int tls_stash_steals;      /* it keeps our reference without taking one (torch 2.11) */
     PyObject *tls_has;         /* torch._C._is_key_in_tls */
     PyObject *tls_get;         /* torch._C._get_obj_in_tls */
     PyObject *upstream_get;    /* torch.fx._symbolic_trace._get_is_fx_tracing */
@@ -35,7 +36,6 @@ typedef struct {
 
     PyTypeObject *cell_type;
     PyTypeObject *fx_tracing_type;
-    PyTypeObject *flag_attribute_type;
     PyTypeObject *rlock_type;
 } fxg_state;
 
@@ -52,9 +52,6 @@ extern PyType_Spec fxg_cell_spec;
 
 /* fx_tracing.c */
 extern PyType_Spec fxg_fx_tracing_spec;
-
-/* flag_attribute.c */
-extern PyType_Spec fxg_flag_attribute_spec;
 
 /* rlock.c */
 extern PyType_Spec fxg_rlock_spec;

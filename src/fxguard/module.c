@@ -30,6 +30,12 @@ tracing_cells(PyObject *module, PyObject *Py_UNUSED(ignored))
 }
 
 static PyObject *
+stash_steals_flag(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    return PyBool_FromLong(state_of(module)->tls_stash_steals);
+}
+
+static PyObject *
 get_mode(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
     return PyLong_FromLong(state_of(module)->mode);
@@ -44,6 +50,35 @@ clear_hooks(fxg_state *st)
     Py_CLEAR(st->tls_get);
     Py_CLEAR(st->upstream_get);
     Py_CLEAR(st->upstream_set);
+}
+
+/* Whether stash(key, obj) keeps obj without taking a reference of its own.
+ * torch 2.11 does (it later drops a reference it never took, which freed our
+ * objects under us); 2.13 does not.  Measured, not guessed from the version. */
+static int
+stash_steals(PyObject *stash)
+{
+    PyObject *key = PyUnicode_FromString("fxguard.stash_probe");
+    PyObject *probe = PyList_New(0);
+    if (key == NULL || probe == NULL) {
+        Py_XDECREF(key);
+        Py_XDECREF(probe);
+        return -1;
+    }
+    Py_ssize_t before = Py_REFCNT(probe);
+    PyObject *r = PyObject_CallFunctionObjArgs(stash, key, probe, NULL);
+    Py_DECREF(key);
+    if (r == NULL) {
+        Py_DECREF(probe);
+        return -1;
+    }
+    Py_DECREF(r);
+    int steals = Py_REFCNT(probe) == before;
+    if (steals) {
+        Py_INCREF(probe); /* balance the drop torch will do when the probe is replaced */
+    }
+    Py_DECREF(probe);
+    return steals;
 }
 
 /* _configure(mode, is_compiling=None, tls_stash=None, tls_has=None,
@@ -78,8 +113,13 @@ configure(PyObject *module, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_ValueError, "upstream mode needs upstream_get and upstream_set");
         return NULL;
     }
+    int steals = 0;
+    if (hooks[1] != NULL && (steals = stash_steals(hooks[1])) < 0) {
+        return NULL;
+    }
     fxg_state *st = state_of(module);
     clear_hooks(st);
+    st->tls_stash_steals = steals;
     st->is_compiling = Py_XNewRef(hooks[0]);
     st->tls_stash = Py_XNewRef(hooks[1]);
     st->tls_has = Py_XNewRef(hooks[2]);
@@ -97,6 +137,8 @@ static PyMethodDef core_methods[] = {
      "is_fx_symbolic_tracing() -> bool\n\nWhether the calling thread is FX tracing and not being\n"
      "compiled by dynamo.  Does not call into torch unless the thread is tracing."},
     {"_tracing_cells", tracing_cells, METH_NOARGS, "Number of threads whose flag is set."},
+    {"_stash_steals", stash_steals_flag, METH_NOARGS,
+     "Whether torch's _stash_obj_in_tls needed a compensating reference (torch 2.11)."},
     {"_mode", get_mode, METH_NOARGS, "0 off, 1 patched, 2 upstream."},
     {"_configure", (PyCFunction)(void (*)(void))configure, METH_VARARGS | METH_KEYWORDS, NULL},
     {NULL, NULL, 0, NULL},
@@ -127,7 +169,6 @@ core_exec(PyObject *module)
     }
     if (add_type(module, &fxg_cell_spec, &st->cell_type, NULL) < 0 ||
         add_type(module, &fxg_fx_tracing_spec, &st->fx_tracing_type, "fx_tracing") < 0 ||
-        add_type(module, &fxg_flag_attribute_spec, &st->flag_attribute_type, "ThreadFlag") < 0 ||
         add_type(module, &fxg_rlock_spec, &st->rlock_type, "RLock") < 0) {
         return -1;
     }
@@ -153,7 +194,6 @@ core_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->upstream_set);
     Py_VISIT(st->cell_type);
     Py_VISIT(st->fx_tracing_type);
-    Py_VISIT(st->flag_attribute_type);
     Py_VISIT(st->rlock_type);
     return 0;
 }
@@ -166,7 +206,6 @@ core_clear(PyObject *module)
     Py_CLEAR(st->cell_key);
     Py_CLEAR(st->cell_type);
     Py_CLEAR(st->fx_tracing_type);
-    Py_CLEAR(st->flag_attribute_type);
     Py_CLEAR(st->rlock_type);
     return 0;
 }

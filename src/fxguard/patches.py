@@ -45,8 +45,12 @@ def resolve_path(path: str) -> tuple[object, str, object]:
 
 
 def apply_patch(label: str, owner: object, attr: str, value: Any) -> Patch:
+    """Set (or, with value MISSING, delete) ``owner.attr``, saving what was there."""
     original = getattr(owner, attr, MISSING)
-    setattr(owner, attr, value)
+    if value is MISSING:
+        delattr(owner, attr)
+    else:
+        setattr(owner, attr, value)
     patch = Patch(label, owner, attr, original, value)
     _applied.append(patch)
     return patch
@@ -54,7 +58,8 @@ def apply_patch(label: str, owner: object, attr: str, value: Any) -> Patch:
 
 def revert(patch: Patch) -> None:
     if patch.original is MISSING:
-        delattr(patch.owner, patch.attr)
+        if patch.value is not MISSING:
+            delattr(patch.owner, patch.attr)
     else:
         setattr(patch.owner, patch.attr, patch.original)
 

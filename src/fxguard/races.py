@@ -115,8 +115,11 @@ def trace_vs_compilation_env() -> RaceResult:
     b.join(TIMEOUT)
     if a_errors or b_errors:
         raise (a_errors + b_errors)[0]
-    st = torch.fx._symbolic_trace
-    stuck = bool(st._is_fx_tracing_flag) or st.is_fx_tracing()
+    seen = [torch.fx._symbolic_trace.is_fx_tracing()]  # this thread, and a fresh one:
+    fresh = threading.Thread(target=lambda: seen.append(torch.fx._symbolic_trace.is_fx_tracing()))
+    fresh.start()
+    fresh.join(TIMEOUT)
+    stuck = any(seen)
     detail = ("flag left True after both threads finished" if stuck
               else "flag False after both threads finished")
     return RaceResult("trace-vs-compilation-env", stuck, detail)

@@ -255,6 +255,9 @@ fxg_thread_set_tracing(fxg_state *st, int value, int *prev)
         /* Publish the cell in torch's thread-local objects so that graph
          * tasks started from here carry it into autograd workers. */
         PyObject *r = PyObject_CallFunctionObjArgs(st->tls_stash, st->cell_key, cell, NULL);
+        if (r != NULL && st->tls_stash_steals) {
+            Py_INCREF(cell); /* the reference torch will drop but never took */
+        }
         if (r == NULL) {
             fxg_cell_set(st, cell, *prev);
             Py_DECREF(cell);

@@ -15,14 +15,14 @@ from __future__ import annotations
 import importlib
 import inspect
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from . import _core, patches
 
 FLAG = "_is_fx_tracing_flag"
 FLAG_MODULE = "torch.fx._symbolic_trace"
-SCRATCH_FLAG = "__fxguard_scratch_flag__"  # where Tracer.trace's own save/restore now lands
+SCRATCH_FLAG = "__fxguard_scratch_flag__"  # where torch's own save/restore of the flag now lands
 
 # Layouts of torch's FX-tracing state that fxguard knows.
 MODULE_GLOBAL = "module-global"       # torch <= 2.13: one bool for the process
@@ -49,13 +49,25 @@ TRACE = """\
         return __fxguard__.original({call})
 """
 
-# Dynamo compiles serialise on compile_lock; holding it for the window in
-# which _set_compilation_env flips process-global dynamo config keeps every
-# other thread's compile out of that window.
-SET_COMPILATION_ENV = """\
+# _set_compilation_env clears the flag for its window: per thread, now.  And
+# since dynamo compiles serialise on compile_lock, holding it for the window
+# (in which process-global dynamo config is flipped) keeps every other
+# thread's compile out of it.
+SET_COMPILATION_ENV = {
+    # (flag per thread, config window lock)
+    (True, True): """\
+    with __fxguard__.compile_lock, __fxguard__.fx_tracing(False):
+        yield from __fxguard__.original({call})
+""",
+    (True, False): """\
+    with __fxguard__.fx_tracing(False):
+        yield from __fxguard__.original({call})
+""",
+    (False, True): """\
     with __fxguard__.compile_lock:
         yield from __fxguard__.original({call})
-"""
+""",
+}
 
 # Inside torch.compile the lock is skipped (dynamo folds is_compiling() to
 # True and inlines the original), so fullgraph compiles see no graph break.
@@ -69,14 +81,16 @@ CREATE_BLOCK_MASK = """\
 
 # -- how each row is done ------------------------------------------------------
 
-Change = tuple[str, object, str, Any]  # (label, owner, attribute, new value)
+Change = tuple[str, object, str, Any]  # (label, owner, attribute, new value or MISSING to delete)
 
 
 @dataclass
 class Context:
     """What preparing the plan collects before anything is applied."""
-    helpers: dict[str, types.ModuleType]
-    changes: list[Change]
+    layout: str
+    options: dict[str, bool]
+    helpers: dict[str, types.ModuleType] = field(default_factory=dict)
+    changes: list[Change] = field(default_factory=list)
 
     def helper(self, module_name: str) -> types.ModuleType:
         if module_name not in self.helpers:
@@ -90,24 +104,14 @@ def _function(obj: Any, where: str) -> types.FunctionType:
     return obj
 
 
-def swap_code(body: str, **helper_attrs: Callable[[], Any]) -> Callable:
-    """Give the function new code running ``body``; its object stays the same."""
-    def how(label: str, where: str, owner: Any, fn: Any, ctx: Context) -> None:
-        fn = _function(fn, where)
-        helper = ctx.helper(fn.__module__)
-        for name, make in helper_attrs.items():
-            setattr(helper, name, make())
-        ctx.changes.append((label, fn, "__code__", patches.wrapper_code(fn, body)))
-    return how
-
-
 def unwrap(fn: Any, found: Callable[[types.CodeType], bool]) -> Any:
     """Follow ``__wrapped__`` (contextmanager, functools.wraps, dynamo's disable())
     down to the function whose code satisfies ``found``."""
-    seen = 0
-    while not (isinstance(fn, types.FunctionType) and found(fn.__code__)) and seen < 10:
-        fn, seen = getattr(fn, "__wrapped__", None), seen + 1
-    return fn
+    for _ in range(10):
+        if isinstance(fn, types.FunctionType) and found(fn.__code__):
+            return fn
+        fn = getattr(fn, "__wrapped__", None)
+    return None
 
 
 def uses_flag(code: types.CodeType) -> bool:
@@ -118,41 +122,64 @@ def is_generator(code: types.CodeType) -> bool:
     return bool(code.co_flags & inspect.CO_GENERATOR)
 
 
-def wrap_code(body: str, find: Callable[[types.CodeType], bool] = lambda code: True,
-              rename: tuple[str, str] | None = None, **helper_attrs: Callable[[], Any]) -> Callable:
-    """Like swap_code, with the original kept as ``__fxguard__.original``.
+def rewrite(body: str | Callable[[Context], str | None], find=lambda code: True,
+            keep_original: bool = False, **helper_attrs: Callable[[], Any]) -> Callable:
+    """Give the function new code running ``body``; the function object stays.
 
-    ``find`` picks the function to rewrite among those ``__wrapped__`` leads
-    to; ``rename`` redirects a global the original code reads and writes.
+    ``find`` picks the function among those ``__wrapped__`` leads to.  With
+    ``keep_original`` the old code stays callable as ``__fxguard__.original``,
+    its reads and writes of the flag sent to a scratch global nobody reads.
+    ``body`` may depend on layout and options; None means leave it alone.
     """
-    def how(label: str, where: str, owner: Any, fn: Any, ctx: Context) -> None:
-        fn = _function(unwrap(fn, find), where)
-        code = fn.__code__
-        if rename:
-            if rename[0] not in code.co_names:
-                raise UnsupportedTorchError(f"{where} no longer uses {rename[0]}")
-            code = patches.rename_global(code, *rename)
-            ctx.changes.append((label, inspect.getmodule(fn), rename[1], False))
+    def how(step: "Step", current: Any, ctx: Context) -> bool:
+        text = body(ctx) if callable(body) else body
+        if text is None:
+            return False
+        fn = _function(unwrap(current, find), step.where)
         helper = ctx.helper(fn.__module__)
-        helper.original = patches.shadow_function(fn, code)
+        if keep_original:
+            code = fn.__code__
+            if uses_flag(code):
+                code = patches.rename_global(code, FLAG, SCRATCH_FLAG)
+            helper.original = patches.shadow_function(fn, code)
         for name, make in helper_attrs.items():
             setattr(helper, name, make())
-        ctx.changes.append((label, fn, "__code__", patches.wrapper_code(fn, body)))
+        ctx.changes.append((step.what, fn, "__code__", patches.wrapper_code(fn, text)))
+        return True
     return how
 
 
-def thread_flag_attribute(label: str, where: str, module: Any, current: Any, ctx: Context) -> None:
-    """Reads and writes of ``module._is_fx_tracing_flag`` go to the calling
-    thread: the module gets a subclass of its class holding a C descriptor."""
-    base = type(module)
-    guarded = type(f"FxGuarded{base.__name__.capitalize()}", (base,),
-                   {FLAG: _core.ThreadFlag(), "__module__": __name__})
-    ctx.changes.append((label, module, "__class__", guarded))
+def compilation_env_body(ctx: Context) -> str | None:
+    return SET_COMPILATION_ENV.get((ctx.layout == MODULE_GLOBAL, ctx.options["config_window_lock"]))
+
+
+def module_getattr(step: "Step", current: Any, ctx: Context) -> bool:
+    """PEP 562 hook: once the global is gone, ``module._is_fx_tracing_flag``
+    reads the calling thread's flag.  The module keeps its exact type, which
+    dynamo (torch 2.11) requires of modules it imports."""
+    module = importlib.import_module(FLAG_MODULE)
+
+    def __getattr__(name: str) -> Any:
+        if name == FLAG:
+            return _core.is_fx_tracing()
+        raise AttributeError(f"module {FLAG_MODULE!r} has no attribute {name!r}")
+
+    ctx.changes.append((step.what, module, SCRATCH_FLAG, False))
+    ctx.changes.append((step.what, module, "__getattr__", __getattr__))
+    return True
+
+
+def delete(step: "Step", current: Any, ctx: Context) -> bool:
+    owner, attr, _ = patches.resolve_path(step.where)
+    ctx.changes.append((step.what, owner, attr, patches.MISSING))
+    return True
 
 
 def set_value(value: Any) -> Callable:
-    def how(label: str, where: str, owner: Any, current: Any, ctx: Context) -> None:
-        ctx.changes.append((label, owner, where.rsplit(".", 1)[1], value))
+    def how(step: "Step", current: Any, ctx: Context) -> bool:
+        owner, attr, _ = patches.resolve_path(step.where)
+        ctx.changes.append((step.what, owner, attr, value))
+        return True
     return how
 
 
@@ -175,35 +202,38 @@ class Step:
     how: Callable
     layouts: frozenset = frozenset({MODULE_GLOBAL, UPSTREAM})
     option: str | None = None  # install() keyword that can turn this row off
+    adds: bool = False         # creates ``where`` rather than changing it
 
 
 GLOBAL_ONLY = frozenset({MODULE_GLOBAL})
 
+# Applied top to bottom, undone bottom to top.  The flag's module global is
+# removed only after no code of torch's reads or writes it any more.
 PLAN: tuple[Step, ...] = (
-    # what               where                                                  how
+    # what               where                                         how
+    Step("flag attribute", "torch.fx._symbolic_trace.__getattr__",     module_getattr,
+         GLOBAL_ONLY, adds=True),
     Step("flag reader",    "torch.fx._symbolic_trace.is_fx_tracing",
-         swap_code(IS_FX_TRACING, is_fx_tracing=lambda: _core.is_fx_tracing), GLOBAL_ONLY),
+         rewrite(IS_FX_TRACING, is_fx_tracing=lambda: _core.is_fx_tracing), GLOBAL_ONLY),
     Step("flag reader",    "torch.fx._symbolic_trace.is_fx_symbolic_tracing",
-         swap_code(IS_FX_SYMBOLIC_TRACING,
-                   is_fx_symbolic_tracing=lambda: _core.is_fx_symbolic_tracing), GLOBAL_ONLY),
-    Step("flag writer",    "torch.fx._symbolic_trace.Tracer.trace",
-         wrap_code(TRACE, find=uses_flag, rename=(FLAG, SCRATCH_FLAG),
-                   fx_tracing=lambda: _core.fx_tracing),
+         rewrite(IS_FX_SYMBOLIC_TRACING, is_fx_symbolic_tracing=lambda: _core.is_fx_symbolic_tracing),
          GLOBAL_ONLY),
-    Step("flag attribute", "torch.fx._symbolic_trace._is_fx_tracing_flag",
-         thread_flag_attribute, GLOBAL_ONLY),
-    Step("config window",  "torch._higher_order_ops.utils._set_compilation_env",
-         wrap_code(SET_COMPILATION_ENV, find=is_generator, compile_lock=_torch_compile_lock),
-         option="config_window_lock"),
+    Step("flag writer",    "torch.fx._symbolic_trace.Tracer.trace",
+         rewrite(TRACE, find=uses_flag, keep_original=True, fx_tracing=lambda: _core.fx_tracing),
+         GLOBAL_ONLY),
+    Step("flag writer, config window", "torch._higher_order_ops.utils._set_compilation_env",
+         rewrite(compilation_env_body, find=is_generator, keep_original=True,
+                 fx_tracing=lambda: _core.fx_tracing, compile_lock=_torch_compile_lock)),
+    Step("flag attribute", "torch.fx._symbolic_trace._is_fx_tracing_flag", delete, GLOBAL_ONLY),
     Step("block-mask lock", "torch.nn.attention.flex_attention.create_block_mask",
-         wrap_code(CREATE_BLOCK_MASK, is_compiling=_torch_is_compiling,
-                   block_mask_lock=lambda: _core.block_mask_lock),
+         rewrite(CREATE_BLOCK_MASK, keep_original=True, is_compiling=_torch_is_compiling,
+                 block_mask_lock=lambda: _core.block_mask_lock),
          option="block_mask_lock"),
     Step("eager backward", "torch._functorch.config.force_non_lazy_backward_lowering",
          set_value(True), option="eager_backward"),
 )
 
-OPTIONS = tuple(sorted({s.option for s in PLAN if s.option}))
+OPTIONS = ("block_mask_lock", "config_window_lock", "eager_backward")
 
 
 # -- layout detection ------------------------------------------------------------
@@ -250,22 +280,27 @@ def detect_layout(module: types.ModuleType) -> str:
 
 def prepare(layout: str, options: dict[str, bool]) -> tuple[list[Change], list[dict]]:
     """Everything install() will change, computed without changing anything."""
-    ctx = Context(helpers={}, changes=[])
+    ctx = Context(layout, options)
     rows = []
     for step in PLAN:
-        row = {"what": step.what, "where": step.where, "found": False, "patched": False}
+        applies = layout in step.layouts
+        row = {"what": step.what, "where": step.where, "found": False, "patched": False,
+               "applies": applies}
         rows.append(row)
         try:
-            owner, attr, current = patches.resolve_path(step.where)
-        except (ImportError, AttributeError) as e:
-            raise UnsupportedTorchError(f"{step.where} not found ({e})") from None
-        if current is patches.MISSING:
-            raise UnsupportedTorchError(f"{step.where} not found")
-        row["found"] = True
-        if layout not in step.layouts or (step.option and not options[step.option]):
+            _, _, current = patches.resolve_path(step.where)
+        except (ImportError, AttributeError):
+            current = patches.MISSING
+        exists = current is not patches.MISSING
+        row["found"] = exists != step.adds  # the patch point is as expected
+        if not applies:
+            continue  # this torch does not need it (e.g. its flag is thread-local already)
+        if not row["found"]:
+            raise UnsupportedTorchError(f"{step.where} " + (
+                "exists already; fxguard would replace it" if step.adds else "not found"))
+        if step.option and not options[step.option]:
             continue
-        step.how(step.what, step.where, owner, current, ctx)
-        row["patched"] = True
+        row["patched"] = step.how(step, current, ctx)
     helpers = [("helpers", importlib.import_module(name), "__fxguard__", helper)
                for name, helper in ctx.helpers.items()]
     return helpers + ctx.changes, rows

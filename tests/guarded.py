@@ -10,10 +10,10 @@ def torch_races() -> bool:
     return torch_plan.detect_layout(_symbolic_trace) == torch_plan.MODULE_GLOBAL
 
 
-def both_ways():
+def both_ways(races=torch_races):
     """Parametrize over guard off (strict xfail where torch races) and on."""
     return pytest.mark.parametrize("guard", [
         pytest.param("off", marks=pytest.mark.xfail(
-            torch_races(), strict=True, reason="stock torch races: the test must catch it")),
+            races(), strict=True, reason="stock torch races: the test must catch it")),
         "on",
     ], indirect=True)

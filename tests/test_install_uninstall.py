@@ -23,7 +23,8 @@ def snapshot():
         "module_class": type(st),
         "module_names": {m.__name__: sorted(vars(m)) for m in (st, hop_utils, flex)},
         "flag": vars(st).get("_is_fx_tracing_flag"),
-        "config": fconfig.force_non_lazy_backward_lowering,
+        "config": (fconfig.force_non_lazy_backward_lowering,
+                   fconfig._config["force_non_lazy_backward_lowering"].default),
     }
 
 

@@ -149,8 +149,19 @@ def rewrite(body: str | Callable[[Context], str | None], find=lambda code: True,
     return how
 
 
+def config_is_process_global() -> bool:
+    """torch <= 2.12 keeps dynamo config values in plain attributes shared by all
+    threads; 2.13 keeps overrides in ContextVars, so each thread has its own."""
+    import contextvars
+
+    import torch._dynamo.config as dynamo_config
+    entry = dynamo_config._config["allow_empty_graphs"]
+    return not isinstance(entry.user_override, contextvars.ContextVar)
+
+
 def compilation_env_body(ctx: Context) -> str | None:
-    return SET_COMPILATION_ENV.get((ctx.layout == MODULE_GLOBAL, ctx.options["config_window_lock"]))
+    lock = ctx.options["config_window_lock"] and config_is_process_global()
+    return SET_COMPILATION_ENV.get((ctx.layout == MODULE_GLOBAL, lock))
 
 
 def module_getattr(step: "Step", current: Any, ctx: Context) -> bool:
@@ -175,10 +186,16 @@ def delete(step: "Step", current: Any, ctx: Context) -> bool:
     return True
 
 
-def set_value(value: Any) -> Callable:
+def config_default(value: Any) -> Callable:
+    """Change a torch config's default, for every thread.  (Assigning the config
+    on torch 2.13 would only reach the calling thread's context; a value a user
+    assigned explicitly still wins, as it should.)"""
     def how(step: "Step", current: Any, ctx: Context) -> bool:
-        owner, attr, _ = patches.resolve_path(step.where)
-        ctx.changes.append((step.what, owner, attr, value))
+        config, name, _ = patches.resolve_path(step.where)
+        entry = getattr(config, "_config", {}).get(name)
+        if entry is None or not hasattr(entry, "default"):
+            raise UnsupportedTorchError(f"{step.where} is not a torch config entry")
+        ctx.changes.append((step.what, entry, "default", value))
         return True
     return how
 
@@ -230,7 +247,7 @@ PLAN: tuple[Step, ...] = (
                  block_mask_lock=lambda: _core.block_mask_lock),
          option="block_mask_lock"),
     Step("eager backward", "torch._functorch.config.force_non_lazy_backward_lowering",
-         set_value(True), option="eager_backward"),
+         config_default(True), option="eager_backward"),
 )
 
 OPTIONS = ("block_mask_lock", "config_window_lock", "eager_backward")

@@ -102,7 +102,7 @@ def test_failure_while_applying_rolls_back(monkeypatch):
 
     def apply_then_fail(*args):
         calls.append(args)
-        if len(calls) == 4:  # after the helpers, at the first code swap
+        if len(calls) == 2:  # with one change already applied
             raise RuntimeError("injected failure")
         return real_apply(*args)
 

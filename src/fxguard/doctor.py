@@ -38,7 +38,16 @@ def run_races() -> list[dict]:
     return rows
 
 
-def report(rows: list[dict], status: dict, seconds: float) -> str:
+def probe_shared_gpu() -> dict | None:
+    """The shared-GPU deadlock can only be probed on a GPU: None elsewhere."""
+    import torch
+    if not torch.cuda.is_available():
+        return None
+    from . import shared_gpu
+    return {"stock": shared_gpu.probe(install=False), "fxguard": shared_gpu.probe(install=True)}
+
+
+def report(rows: list[dict], status: dict, seconds: float, gpu: dict | None = None) -> str:
     lines = [
         f"fxguard {status['fxguard']}  torch {status['torch']}  Python {status['python']}  "
         f"{platform.machine()}  ({seconds:.1f} s)",
@@ -50,6 +59,13 @@ def report(rows: list[dict], status: dict, seconds: float) -> str:
     for r in rows:
         lines.append(_row([r["race"], "yes" if r["affected"] else "no", r["stock"][:44],
                            ("fixed: " if r["affected"] else "") + r["with_fxguard"]], widths))
+    if gpu is None:
+        lines.append(_row(["shared-gpu-deadlock", "n/a", "no CUDA here: not probed", ""], widths))
+    else:
+        stock, fixed = gpu["stock"]["result"], gpu["fxguard"]["result"]
+        lines.append(_row(["shared-gpu-deadlock", "yes" if stock == "deadlocked" else "no",
+                           f"{stock} ({gpu['stock']['seconds']} s)",
+                           f"{fixed} ({gpu['fxguard']['seconds']} s)"], widths))
     lines += ["", "install() patched:"]
     for p in status["patch_points"]:
         mark = ("patched" if p["patched"] else "not needed on this torch" if not p["applies"]
@@ -70,10 +86,11 @@ def main(argv: list[str]) -> int:
     start = time.perf_counter()
     rows = run_races()
     status = fxguard.status()
-    print(report(rows, status, time.perf_counter() - start))
-    ok = all(r["fixed"] for r in rows)
+    gpu = probe_shared_gpu()
+    print(report(rows, status, time.perf_counter() - start, gpu))
+    ok = all(r["fixed"] for r in rows) and (gpu is None or gpu["fxguard"]["result"] == "completed")
     print("\nresult:", "fxguard fixes every race found" if ok else "RACE NOT FIXED")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"status": status, "races": rows, "ok": ok}, f, indent=2)
+            json.dump({"status": status, "races": rows, "shared_gpu": gpu, "ok": ok}, f, indent=2)
     return 0 if ok else 1

@@ -1,0 +1,24 @@
+"""Smoke test of benchmarks/concurrent_compile.py: smallest settings, CPU, fxguard mode."""
+import json
+import os
+import subprocess
+import sys
+
+BENCH = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "concurrent_compile.py")
+
+
+def test_concurrent_compile_writes_complete_json_with_zero_errors(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, BENCH, "--device", "cpu", "--threads", "2", "--modes", "fxguard",
+                           "--seconds", "2", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert {"torch", "python", "machine", "date"} <= set(report["versions"])
+    mode = report["modes"]["fxguard"]
+    for key in ("status", "train", "time_to_first_step_s", "steps_per_s", "tokens_per_s", "errors",
+                "error_kinds", "graphs_compiled", "memory_samples", "memory_flatness", "steps_per_thread"):
+        assert key in mode, key
+    assert mode["status"] == "ok" and mode["errors"] == 0, mode.get("error_kinds")
+    assert mode["train"] is False  # CPU flex_attention has no backward: forward-only, and it says so
+    assert all(n > 0 for n in mode["steps_per_thread"])

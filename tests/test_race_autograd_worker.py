@@ -1,0 +1,73 @@
+"""The flag follows autograd: backward run for a tracing thread sees its state, others do not.
+
+AOTAutograd's joint tracing calls torch.autograd.grad inside make_fx; on a GPU
+the backward nodes run on the device's autograd worker thread, which serves
+every thread's graph tasks.  fxguard carries the tracing thread's cell there
+through torch's ThreadLocalPythonObjects.  On CPU the caller runs its own
+backward, so the CPU case checks the same property without a worker.
+"""
+import threading
+
+import pytest
+import torch
+from guarded import both_ways
+
+DEVICES = ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])]
+
+
+class Probe(torch.autograd.Function):
+    """Identity whose backward records which thread ran it and what it saw."""
+    records: list
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        Probe.records.append((threading.get_ident(), torch.fx._symbolic_trace.is_fx_tracing()))
+        return grad
+
+
+def run_backward(device):
+    x = torch.ones(4, device=device, requires_grad=True)
+    Probe.apply(x).sum().backward()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@both_ways()
+def test_backward_sees_the_state_of_the_thread_it_runs_for(guard, device):
+    Probe.records = []
+    a_inside, b_done = threading.Event(), threading.Event()
+    who = {}
+
+    class TracesAndBackprops(torch.nn.Module):
+        def forward(self, x):
+            who["a"] = threading.get_ident()
+            run_backward(device)      # a real backward, started by the tracing thread
+            a_inside.set()
+            b_done.wait(30)           # B's backward runs while A is still tracing
+            return x + 1
+
+    def a():
+        torch.fx.symbolic_trace(TracesAndBackprops())
+
+    def b():
+        a_inside.wait(30)
+        who["b"] = threading.get_ident()
+        try:
+            run_backward(device)
+        finally:
+            b_done.set()
+
+    threads = [threading.Thread(target=a), threading.Thread(target=b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    (a_thread, a_saw), (b_thread, b_saw) = Probe.records
+    if device == "cuda":  # both ran on the device's worker, not on A or B
+        assert a_thread not in (who["a"], who["b"]) and b_thread == a_thread
+    assert a_saw is True, "backward run for the tracing thread must see it tracing"
+    assert b_saw is False, "backward run for a non-tracing thread must not"

@@ -164,8 +164,9 @@ def run_mode(args) -> dict:
         t.start()
 
     # Sample memory, print progress, watch for a stall.
-    window_start = steady_steps0 = steady_tokens0 = None
+    window_start = steady_at = steady_steps0 = steady_tokens0 = None
     last_progress, last_total, last_print = time.monotonic(), -1, 0.0
+    last_success, last_steps = time.monotonic(), 0
     status = "ok"
     while True:
         time.sleep(args.sample)
@@ -173,6 +174,8 @@ def run_mode(args) -> dict:
         total = sum(steps) + sum(errors.values())
         if total != last_total:
             last_total, last_progress = total, now
+        if sum(steps) != last_steps:
+            last_steps, last_success = sum(steps), now
         if kind == "cuda":
             mem = {d: torch.cuda.max_memory_allocated(d) for d in sorted(set(devices))}
             for d in mem:
@@ -185,8 +188,15 @@ def run_mode(args) -> dict:
             print(f"  [{args.mode}] t={now - start:5.0f}s steps/thread={steps} errors={sum(errors.values())}",
                   flush=True)
         if window_start is None and all(f is not None for f in first_step_at):
-            window_start, steady_steps0, steady_tokens0 = now, sum(steps), sum(tokens)
+            window_start = now
+        # Rates count the second half of the window: the first half still
+        # compiles the shapes that no thread has met yet.
+        if window_start is not None and steady_at is None and now - window_start >= args.seconds / 2:
+            steady_at, steady_steps0, steady_tokens0 = now, sum(steps), sum(tokens)
         if window_start is not None and now - window_start >= args.seconds:
+            break
+        if errors and now - last_success > args.stall:
+            status = "failing"  # errors only: every step fails
             break
         if now - last_progress > args.stall:
             status = "deadlocked"
@@ -199,7 +209,7 @@ def run_mode(args) -> dict:
             status = "timeout"
             break
     stop.set()
-    window = (time.monotonic() - window_start) if window_start else None
+    window = (time.monotonic() - steady_at) if steady_at else None
     result = {
         "status": status,
         "train": train,
@@ -207,7 +217,7 @@ def run_mode(args) -> dict:
         "devices": devices,
         "time_to_first_step_s": max(first_step_at) if all(f is not None for f in first_step_at) else None,
         "first_step_s_per_thread": first_step_at,
-        "steady_window_s": window,
+        "steady_window_s": window,  # the second half of --seconds after every thread's first step
         "steps_per_s": (sum(steps) - steady_steps0) / window if window else None,
         "tokens_per_s": (sum(tokens) - steady_tokens0) / window if window else None,
         "steps_per_thread": steps,
@@ -216,7 +226,7 @@ def run_mode(args) -> dict:
         "graphs_compiled": _counter(torch, "stats", "unique_graphs"),
         "recompiles": _counter(torch, "recompiles", None),
         "memory_samples": samples,
-        "memory_flatness": flatness(samples, window_start and (window_start - start)),
+        "memory_flatness": flatness(samples, steady_at and (steady_at - start)),
     }
     if status == "deadlocked":
         result["stacks"] = stacks[-20000:]

@@ -33,6 +33,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections import Counter
 
 MODES = ("stock", "always-false", "serialized", "fxguard")
@@ -122,6 +123,7 @@ def run_mode(args) -> dict:
     steps = [0] * n
     first_step_at = [None] * n
     errors: Counter = Counter()
+    first_tracebacks: dict[str, str] = {}
     samples: list[dict] = []
     stop = threading.Event()
     tokens = [0] * n
@@ -153,7 +155,10 @@ def run_mode(args) -> dict:
                 steps[i] += 1
                 tokens[i] += seq_len
             except Exception as e:  # keep going: count and classify
-                errors[classify(e)] += 1
+                what = classify(e)
+                if what not in errors:
+                    first_tracebacks[what] = traceback.format_exc()[-6000:]
+                errors[what] += 1
                 time.sleep(0.01)
             if first_step_at[i] is None:
                 first_step_at[i] = time.monotonic() - start
@@ -223,6 +228,7 @@ def run_mode(args) -> dict:
         "steps_per_thread": steps,
         "errors": sum(errors.values()),
         "error_kinds": dict(errors),
+        "first_tracebacks": first_tracebacks,
         "graphs_compiled": _counter(torch, "stats", "unique_graphs"),
         "recompiles": _counter(torch, "recompiles", None),
         "memory_samples": samples,

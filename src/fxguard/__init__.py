@@ -145,11 +145,11 @@ def status() -> dict:
 
 
 def create_block_mask(*args: Any, **kwargs: Any) -> Any:
-    """torch.nn.attention.flex_attention.create_block_mask, holding block_mask_lock."""
-    from torch.nn.attention.flex_attention import create_block_mask as torch_create_block_mask
-    original = patches.get_original(torch_create_block_mask, "__code__")
-    with block_mask_lock:
-        if original is torch_create_block_mask.__code__:
-            return torch_create_block_mask(*args, **kwargs)
-        # installed: call the saved original directly (the lock is already held)
-        return torch_create_block_mask.__globals__["__fxguard__"].original(*args, **kwargs)
+    """torch.nn.attention.flex_attention.create_block_mask, holding block_mask_lock
+    (and dynamo's compile_lock, as install() makes torch's own do)."""
+    from torch._dynamo.convert_frame import compile_lock
+    from torch.nn.attention import flex_attention as flex
+    helper = vars(flex).get("__fxguard__")  # there while install() has patched it
+    original = helper.original if helper is not None else flex.create_block_mask
+    with block_mask_lock, compile_lock:
+        return original(*args, **kwargs)

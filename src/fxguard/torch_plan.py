@@ -69,12 +69,17 @@ SET_COMPILATION_ENV = {
 """,
 }
 
-# Inside torch.compile the lock is skipped (dynamo folds is_compiling() to
-# True and inlines the original), so fullgraph compiles see no graph break.
+# Mask creation takes block_mask_lock, then dynamo's compile_lock: its
+# torch.fx.traceback.annotate() edits the process-global node-meta dict that
+# another thread's trace (always under compile_lock) is stamping onto its
+# nodes.  Inside torch.compile both are skipped (dynamo folds
+# is_dynamo_compiling() to True and inlines the original), so fullgraph
+# compiles see no graph break.  Not is_compiling(): its flag is process-wide,
+# True in every thread while any thread compiles.
 CREATE_BLOCK_MASK = """\
-    if __fxguard__.is_compiling():
+    if __fxguard__.is_dynamo_compiling():
         return __fxguard__.original({call})
-    with __fxguard__.block_mask_lock:
+    with __fxguard__.block_mask_lock, __fxguard__.compile_lock:
         return __fxguard__.original({call})
 """
 
@@ -205,9 +210,9 @@ def _torch_compile_lock() -> Any:
     return compile_lock
 
 
-def _torch_is_compiling() -> Any:
+def _torch_is_dynamo_compiling() -> Any:
     import torch
-    return torch.compiler.is_compiling
+    return torch.compiler.is_dynamo_compiling
 
 
 # -- the plan --------------------------------------------------------------------
@@ -243,8 +248,8 @@ PLAN: tuple[Step, ...] = (
                  fx_tracing=lambda: _core.fx_tracing, compile_lock=_torch_compile_lock)),
     Step("flag attribute", "torch.fx._symbolic_trace._is_fx_tracing_flag", delete, GLOBAL_ONLY),
     Step("block-mask lock", "torch.nn.attention.flex_attention.create_block_mask",
-         rewrite(CREATE_BLOCK_MASK, keep_original=True, is_compiling=_torch_is_compiling,
-                 block_mask_lock=lambda: _core.block_mask_lock),
+         rewrite(CREATE_BLOCK_MASK, keep_original=True, is_dynamo_compiling=_torch_is_dynamo_compiling,
+                 block_mask_lock=lambda: _core.block_mask_lock, compile_lock=_torch_compile_lock),
          option="block_mask_lock"),
     Step("eager backward", "torch._functorch.config.force_non_lazy_backward_lowering",
          config_default(True), option="eager_backward"),

@@ -17,3 +17,14 @@ def both_ways(races=torch_races):
             races(), strict=True, reason="stock torch races: the test must catch it")),
         "on",
     ], indirect=True)
+
+
+def run_together(*targets, timeout: float = 60.0) -> None:
+    """Start one thread per target, wait for all; fail if one is still running."""
+    import threading
+    threads = [threading.Thread(target=t, daemon=True) for t in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    assert not any(t.is_alive() for t in threads), "a thread did not finish"

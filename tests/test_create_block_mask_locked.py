@@ -6,7 +6,7 @@ import torch
 from torch.nn.attention.flex_attention import create_block_mask as alias_taken_before_install
 
 import fxguard
-from guarded import both_ways
+from guarded import both_ways, run_together
 
 SEQ = 256
 
@@ -128,9 +128,5 @@ def test_mask_creation_does_not_overlap_another_threads_compile(guard):
         order.append("mask built")
         mask_built.set()
 
-    threads = [threading.Thread(target=compiling_thread), threading.Thread(target=mask_thread)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    run_together(compiling_thread, mask_thread)
     assert order == ["compile ends", "mask built"]

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import fxguard
-from fxguard import patches, torch_plan
+from fxguard import patches
 
 
 def snapshot():

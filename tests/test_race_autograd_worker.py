@@ -10,7 +10,7 @@ import threading
 
 import pytest
 import torch
-from guarded import both_ways
+from guarded import both_ways, run_together
 
 DEVICES = ["cpu", pytest.param("cuda", marks=[
     pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])]
@@ -61,11 +61,7 @@ def test_backward_sees_the_state_of_the_thread_it_runs_for(guard, device):
         finally:
             b_done.set()
 
-    threads = [threading.Thread(target=a), threading.Thread(target=b)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    run_together(a, b)
     (a_thread, a_saw), (b_thread, b_saw) = Probe.records
     if device == "cuda":  # both ran on the device's worker, not on A or B
         assert a_thread not in (who["a"], who["b"]) and b_thread == a_thread

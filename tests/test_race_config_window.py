@@ -8,7 +8,7 @@ ContextVars, so there each thread has its own and nothing races).
 import threading
 
 import torch
-from guarded import both_ways
+from guarded import both_ways, run_together
 from torch._higher_order_ops.utils import _set_compilation_env
 
 from fxguard.torch_plan import config_is_process_global
@@ -36,9 +36,5 @@ def test_no_compile_of_another_thread_inside_the_config_window(guard):
         in_window.wait(10)
         torch.compile(lambda x: x * 5 - 1, backend=backend)(torch.ones(2))
 
-    threads = [threading.Thread(target=window), threading.Thread(target=compile_elsewhere)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    run_together(window, compile_elsewhere)
     assert seen == [before], f"compiled under the window's config {seen[0]}"

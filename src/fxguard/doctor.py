@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import sys
 import time
 
 import fxguard

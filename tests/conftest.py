@@ -4,6 +4,16 @@ import pytest
 import fxguard
 
 
+@pytest.fixture(scope="session", autouse=True)
+def main_thread_compiles_first():
+    """torch 2.11's CUDA wheels on a machine without a GPU crash (segfault in
+    FakeTensorMode.__enter__) when a thread compiles after another compiling
+    thread has exited, unless the main thread compiled first; stock torch does
+    it without fxguard (seen 2026-12-02).  Compile once here."""
+    import torch
+    torch.compile(lambda x: x + 1, backend="eager")(torch.ones(1))
+
+
 @pytest.fixture(autouse=True)
 def clean_torch():
     """Every test starts and ends with stock torch and a False flag."""

@@ -29,6 +29,7 @@ typedef struct {
     PyObject *is_compiling;    /* torch.compiler.is_compiling */
     PyObject *tls_stash;       /* torch._C._stash_obj_in_tls */
     int tls_stash_steals;      /* it keeps our reference without taking one (torch 2.11) */
+    PyObject *kept_cells;      /* list: what such a torch holds (cells, probes); never freed */
     PyObject *tls_has;         /* torch._C._is_key_in_tls */
     PyObject *tls_get;         /* torch._C._get_obj_in_tls */
     PyObject *upstream_get;    /* torch.fx._symbolic_trace._get_is_fx_tracing */

@@ -56,11 +56,14 @@ clear_hooks(fxg_state *st)
  * torch 2.11 does (it later drops a reference it never took, which freed our
  * objects under us); 2.13 does not.  Measured, not guessed from the version. */
 static int
-stash_steals(PyObject *stash)
+stash_steals(fxg_state *st, PyObject *stash)
 {
+    /* A fresh probe each time (a probe already stashed would be released by
+     * the stash itself and spoil the count), kept alive for good in
+     * st->kept_cells so that whatever torch later does with it is harmless. */
     PyObject *key = PyUnicode_FromString("fxguard.stash_probe");
     PyObject *probe = PyList_New(0);
-    if (key == NULL || probe == NULL) {
+    if (key == NULL || probe == NULL || PyList_Append(st->kept_cells, probe) < 0) {
         Py_XDECREF(key);
         Py_XDECREF(probe);
         return -1;
@@ -75,7 +78,7 @@ stash_steals(PyObject *stash)
     Py_DECREF(r);
     int steals = Py_REFCNT(probe) == before;
     if (steals) {
-        Py_INCREF(probe); /* balance the drop torch will do when the probe is replaced */
+        Py_INCREF(probe); /* the reference torch will drop when the probe is replaced */
     }
     Py_DECREF(probe);
     return steals;
@@ -113,11 +116,11 @@ configure(PyObject *module, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_ValueError, "upstream mode needs upstream_get and upstream_set");
         return NULL;
     }
+    fxg_state *st = state_of(module);
     int steals = 0;
-    if (hooks[1] != NULL && (steals = stash_steals(hooks[1])) < 0) {
+    if (hooks[1] != NULL && (steals = stash_steals(st, hooks[1])) < 0) {
         return NULL;
     }
-    fxg_state *st = state_of(module);
     clear_hooks(st);
     st->tls_stash_steals = steals;
     st->is_compiling = Py_XNewRef(hooks[0]);
@@ -164,7 +167,8 @@ core_exec(PyObject *module)
     st->mode = FXG_MODE_OFF;
     st->tracing_cells = 0;
     st->cell_key = PyUnicode_InternFromString("fxguard.trace_cell");
-    if (st->cell_key == NULL) {
+    st->kept_cells = PyList_New(0);
+    if (st->cell_key == NULL || st->kept_cells == NULL) {
         return -1;
     }
     if (add_type(module, &fxg_cell_spec, &st->cell_type, NULL) < 0 ||
@@ -192,6 +196,7 @@ core_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->tls_get);
     Py_VISIT(st->upstream_get);
     Py_VISIT(st->upstream_set);
+    Py_VISIT(st->kept_cells);
     Py_VISIT(st->cell_type);
     Py_VISIT(st->fx_tracing_type);
     Py_VISIT(st->rlock_type);
@@ -204,6 +209,7 @@ core_clear(PyObject *module)
     fxg_state *st = state_of(module);
     clear_hooks(st);
     Py_CLEAR(st->cell_key);
+    Py_CLEAR(st->kept_cells);
     Py_CLEAR(st->cell_type);
     Py_CLEAR(st->fx_tracing_type);
     Py_CLEAR(st->rlock_type);

@@ -7,6 +7,7 @@ the point: run them both ways and compare.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 
 TIMEOUT = 60.0  # seconds any one wait may take before the scenario gives up
@@ -19,9 +20,14 @@ class RaceResult:
     detail: str
 
 
-def _wait(event: threading.Event, what: str) -> None:
-    if not event.wait(TIMEOUT):
-        raise TimeoutError(f"race scenario stalled waiting for {what}")
+def _wait(event: threading.Event, what: str, errors: list | None = None) -> None:
+    """Wait for ``event``; re-raise at once what the other thread died of."""
+    deadline = time.monotonic() + TIMEOUT
+    while not event.wait(0.05):
+        if errors:
+            raise errors[0]
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"race scenario stalled waiting for {what}")
 
 
 def _run(target, name: str) -> tuple[threading.Thread, list[BaseException]]:
@@ -66,7 +72,7 @@ def trace_vs_compiled_call(compiled=None) -> RaceResult:
 
     tracer, errors = _run(lambda: torch.fx.symbolic_trace(Waits()), "fx-tracer")
     try:
-        _wait(inside, "the tracer to enter its trace")
+        _wait(inside, "the tracer to enter its trace", errors)
         compiled(torch.ones(3))
         outcome = RaceResult("trace-vs-compiled-call", False, "compiled call ran")
     except RuntimeError as e:

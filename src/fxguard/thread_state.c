@@ -4,6 +4,7 @@
 typedef struct {
     PyObject_HEAD
     int tracing;
+    int kept; /* in st->kept_cells */
 } CellObject;
 
 static void
@@ -233,6 +234,7 @@ cell_for_write(fxg_state *st, int *is_own)
         return NULL;
     }
     cell->tracing = 0;
+    cell->kept = 0;
     if (PyDict_SetItem(tsdict, st->cell_key, (PyObject *)cell) < 0) {
         Py_DECREF(cell);
         return NULL;
@@ -256,7 +258,16 @@ fxg_thread_set_tracing(fxg_state *st, int value, int *prev)
          * tasks started from here carry it into autograd workers. */
         PyObject *r = PyObject_CallFunctionObjArgs(st->tls_stash, st->cell_key, cell, NULL);
         if (r != NULL && st->tls_stash_steals) {
-            Py_INCREF(cell); /* the reference torch will drop but never took */
+            /* torch 2.11 keeps the cell without a reference of its own and
+             * drops one later, also from C++ thread-exit code that may not
+             * hold the GIL.  Give it the reference it will drop, and keep the
+             * cell for good, so that drop is never the last one. */
+            Py_INCREF(cell);
+            CellObject *c = (CellObject *)cell;
+            if (!c->kept && PyList_Append(st->kept_cells, cell) == 0) {
+                c->kept = 1;
+            }
+            PyErr_Clear(); /* a failed append only costs the safety margin */
         }
         if (r == NULL) {
             fxg_cell_set(st, cell, *prev);

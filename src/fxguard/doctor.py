@@ -69,7 +69,7 @@ def report(rows: list[dict], status: dict, seconds: float, gpu: dict | None = No
     for p in status["patch_points"]:
         mark = ("patched" if p["patched"] else "not needed on this torch" if not p["applies"]
                 else "found, left alone (option off)")
-        lines.append(f"  {p['what']:<16} {p['where']:<58} {mark}")
+        lines.append(f"  {p['what']:<27} {p['where']:<58} {mark}")
     lines.append(f"autograd workers: {status['autograd_workers']}")
     return "\n".join(lines)
 

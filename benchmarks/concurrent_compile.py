@@ -163,6 +163,9 @@ def run_mode(args) -> dict:
             if first_step_at[i] is None:
                 first_step_at[i] = time.monotonic() - start
 
+    if kind == "cuda":  # the allocator's stats are only valid once a device was used
+        for d in sorted(set(devices)):
+            torch.zeros(1, device=d)
     threads = [threading.Thread(target=drafter, args=(i,), daemon=True, name=f"drafter-{i}")
                for i in range(n)]
     for t in threads:

@@ -25,7 +25,7 @@ __version__ = "0.1.0"
 
 _MODES = {0: "not-installed", 1: "patched", 2: "upstream-thread-local"}
 _lock = threading.Lock()      # install/uninstall are rare: a plain lock suffices
-_installed: dict[str, Any] | None = None  # {"layout", "options", "rows"} while installed
+_installed: dict[str, Any] | None = None  # layout, options, rows, workers while installed
 
 get_original = patches.get_original
 is_object_patched = patches.is_object_patched
@@ -64,16 +64,17 @@ def install(**options: bool) -> dict:
         try:
             for change in changes:
                 patches.apply_patch(*change)
-            _configure_core(layout)
+            workers = _configure_core(layout)
         except BaseException:
             patches.revert_all()
             _core._configure(0)
             raise
-        _installed = {"layout": layout, "options": chosen, "rows": rows}
+        _installed = {"layout": layout, "options": chosen, "rows": rows, "workers": workers}
         return status()
 
 
-def _configure_core(layout: str) -> None:
+def _configure_core(layout: str) -> str:
+    """Hand the C core the torch functions it may call; says how workers get the state."""
     import torch
     from torch.fx import _symbolic_trace
 
@@ -83,16 +84,19 @@ def _configure_core(layout: str) -> None:
         hooks.update(upstream_get=_symbolic_trace._get_is_fx_tracing,
                      upstream_set=_symbolic_trace._set_is_fx_tracing)
         _core._configure(2, **hooks)
-        return
+        return "torch's own threading.local (not carried into workers)"
     # torch carries these Python objects into autograd worker threads.
     for hook, name in (("tls_stash", "_stash_obj_in_tls"), ("tls_has", "_is_key_in_tls"),
                        ("tls_get", "_get_obj_in_tls")):
         hooks[hook] = getattr(torch._C, name, None)
     _core._configure(1, **hooks)
+    if None in (hooks["tls_stash"], hooks["tls_has"], hooks["tls_get"]):
+        return "not carried (this torch lacks _stash_obj_in_tls and friends)"
+    return "state carried via torch._C._stash_obj_in_tls"
 
 
 def uninstall() -> None:
-    """Restore torch exactly as it was: same objects, same code, same module class.
+    """Restore torch exactly as it was: same objects, same code, same module attributes.
 
     Idempotent.  Raises RuntimeError (and changes nothing) while a thread is
     inside an FX trace, since that trace's code is the patched code.
@@ -133,14 +137,8 @@ def status() -> dict:
     }
     if _installed is not None:
         info.update(layout=_installed["layout"], options=dict(_installed["options"]),
-                    patch_points=[dict(r) for r in _installed["rows"]])
-        if info["mode"] == "patched":
-            has_tls = all(hasattr(torch._C, n) for n in ("_stash_obj_in_tls", "_is_key_in_tls",
-                                                          "_get_obj_in_tls"))
-            info["autograd_workers"] = ("state carried via torch._C._stash_obj_in_tls" if has_tls
-                                        else "not carried (this torch lacks _stash_obj_in_tls)")
-        else:
-            info["autograd_workers"] = "torch's own threading.local (not carried into workers)"
+                    patch_points=[dict(r) for r in _installed["rows"]],
+                    autograd_workers=_installed["workers"])
     return info
 
 

@@ -136,7 +136,7 @@ def rewrite(body: str | Callable[[Context], str | None], find=lambda code: True,
     its reads and writes of the flag sent to a scratch global nobody reads.
     ``body`` may depend on layout and options; None means leave it alone.
     """
-    def how(step: "Step", current: Any, ctx: Context) -> bool:
+    def how(step: "Step", owner: Any, current: Any, ctx: Context) -> bool:
         text = body(ctx) if callable(body) else body
         if text is None:
             return False
@@ -169,11 +169,11 @@ def compilation_env_body(ctx: Context) -> str | None:
     return SET_COMPILATION_ENV.get((ctx.layout == MODULE_GLOBAL, lock))
 
 
-def module_getattr(step: "Step", current: Any, ctx: Context) -> bool:
+def module_getattr(step: "Step", owner: Any, current: Any, ctx: Context) -> bool:
     """PEP 562 hook: once the global is gone, ``module._is_fx_tracing_flag``
     reads the calling thread's flag.  The module keeps its exact type, which
     dynamo (torch 2.11) requires of modules it imports."""
-    module = importlib.import_module(FLAG_MODULE)
+    module = owner  # torch.fx._symbolic_trace
 
     def __getattr__(name: str) -> Any:
         if name == FLAG:
@@ -185,9 +185,8 @@ def module_getattr(step: "Step", current: Any, ctx: Context) -> bool:
     return True
 
 
-def delete(step: "Step", current: Any, ctx: Context) -> bool:
-    owner, attr, _ = patches.resolve_path(step.where)
-    ctx.changes.append((step.what, owner, attr, patches.MISSING))
+def delete(step: "Step", owner: Any, current: Any, ctx: Context) -> bool:
+    ctx.changes.append((step.what, owner, step.attr, patches.MISSING))
     return True
 
 
@@ -195,9 +194,8 @@ def config_default(value: Any) -> Callable:
     """Change a torch config's default, for every thread.  (Assigning the config
     on torch 2.13 would only reach the calling thread's context; a value a user
     assigned explicitly still wins, as it should.)"""
-    def how(step: "Step", current: Any, ctx: Context) -> bool:
-        config, name, _ = patches.resolve_path(step.where)
-        entry = getattr(config, "_config", {}).get(name)
+    def how(step: "Step", owner: Any, current: Any, ctx: Context) -> bool:
+        entry = getattr(owner, "_config", {}).get(step.attr)
         if entry is None or not hasattr(entry, "default"):
             raise UnsupportedTorchError(f"{step.where} is not a torch config entry")
         ctx.changes.append((step.what, entry, "default", value))
@@ -225,6 +223,10 @@ class Step:
     layouts: frozenset = frozenset({MODULE_GLOBAL, UPSTREAM})
     option: str | None = None  # install() keyword that can turn this row off
     adds: bool = False         # creates ``where`` rather than changing it
+
+    @property
+    def attr(self) -> str:
+        return self.where.rsplit(".", 1)[1]
 
 
 GLOBAL_ONLY = frozenset({MODULE_GLOBAL})
@@ -310,9 +312,9 @@ def prepare(layout: str, options: dict[str, bool]) -> tuple[list[Change], list[d
                "applies": applies}
         rows.append(row)
         try:
-            _, _, current = patches.resolve_path(step.where)
+            owner, _, current = patches.resolve_path(step.where)
         except (ImportError, AttributeError):
-            current = patches.MISSING
+            owner, current = None, patches.MISSING
         exists = current is not patches.MISSING
         row["found"] = exists != step.adds  # the patch point is as expected
         if not applies:
@@ -322,7 +324,7 @@ def prepare(layout: str, options: dict[str, bool]) -> tuple[list[Change], list[d
                 "exists already; fxguard would replace it" if step.adds else "not found"))
         if step.option and not options[step.option]:
             continue
-        row["patched"] = step.how(step, current, ctx)
+        row["patched"] = step.how(step, owner, current, ctx)
     helpers = [("helpers", importlib.import_module(name), "__fxguard__", helper)
                for name, helper in ctx.helpers.items()]
     return helpers + ctx.changes, rows

@@ -14,8 +14,8 @@ setup(
     ext_modules=[
         Extension(
             "fxguard._core",
-            sources=sorted(glob("src/fxguard/*.c")),
-            depends=glob("src/fxguard/*.h"),
+            sources=sorted(glob("src/fxguard/_core/*.c")),
+            depends=glob("src/fxguard/_core/*.h"),
             extra_compile_args=flags,
         )
     ],

@@ -6,8 +6,8 @@ def torch_races() -> bool:
     """Whether the installed torch keeps the FX-tracing flag process-wide."""
     from torch.fx import _symbolic_trace
 
-    from fxguard import torch_plan
-    return torch_plan.detect_layout(_symbolic_trace) == torch_plan.MODULE_GLOBAL
+    from fxguard import plan
+    return plan.detect_layout(_symbolic_trace) == plan.MODULE_GLOBAL
 
 
 def both_ways(races=torch_races):

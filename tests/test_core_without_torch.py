@@ -33,7 +33,7 @@ def test_each_thread_starts_false_and_sees_only_its_own_flag():
         other = threading.Thread(target=lambda: seen.append(('new', fxguard.is_fx_tracing())))
         other.start(); other.join(); release.set(); t.join()
         assert sorted(seen) == [('main', False), ('new', False), ('tracer', True)], seen
-        assert fxguard._core._tracing_cells() == 0
+        assert fxguard._core._tracing_records() == 0
     """)
 
 

@@ -8,21 +8,25 @@ import fxguard
 from fxguard import patches
 
 
+TOUCHED = ("torch.fx._symbolic_trace", "torch.compiler", "torch.fx.traceback",
+           "torch.fx.experimental.proxy_tensor", "torch.fx._lazy_graph_module", "torch._export.utils",
+           "torch._higher_order_ops.utils", "torch._higher_order_ops.flex_attention",
+           "torch.nn.attention.flex_attention")
+
+
 def snapshot():
     """Every object and attribute install() may touch, by identity."""
-    st = torch.fx._symbolic_trace
+    import importlib
+
     import torch._functorch.config as fconfig
-    import torch._higher_order_ops.utils as hop_utils
-    import torch.nn.attention.flex_attention as flex
-    fns = [st.is_fx_tracing, st.is_fx_symbolic_tracing,
-           inspect.unwrap(st.Tracer.trace),
-           hop_utils._set_compilation_env.__wrapped__, flex.create_block_mask]
+
+    from fxguard.per_thread import functions_in
+    modules = [importlib.import_module(m) for m in TOUCHED]
     return {
-        "functions": [(f, f.__code__) for f in fns],
-        "class_attrs": (st.Tracer.__dict__["trace"], hop_utils._set_compilation_env),
-        "module_class": type(st),
-        "module_names": {m.__name__: sorted(vars(m)) for m in (st, hop_utils, flex)},
-        "flag": vars(st).get("_is_fx_tracing_flag"),
+        "functions": [(f, f.__code__) for m in modules for f in functions_in(m)],
+        "module_class": [type(m) for m in modules],
+        "module_dicts": [{k: id(v) for k, v in vars(m).items()} for m in modules],
+        "class_attrs": (torch.fx._symbolic_trace.Tracer.__dict__["trace"],),
         "config": (fconfig.force_non_lazy_backward_lowering,
                    fconfig._config["force_non_lazy_backward_lowering"].default),
     }
@@ -59,9 +63,9 @@ def test_uninstall_without_install_changes_nothing():
 def test_install_with_other_options_reinstalls():
     fxguard.install()
     s = fxguard.install(block_mask_lock=False)
-    rows = {r["what"]: r["patched"] for r in s["patch_points"]}
-    assert rows["block-mask lock"] is False
-    assert rows["flag writer"] is (s["mode"] == "patched")
+    rows = {r["what"]: r for r in s["patch_points"]}
+    assert rows["block-mask lock"]["reason"] == "option off"
+    assert rows["FX-tracing flag"]["patched"] is (s["mode"] == "patched")
 
 
 def test_unknown_option_is_rejected_before_anything_changes():
@@ -81,18 +85,29 @@ def test_unknown_layout_raises_and_leaves_torch_untouched(monkeypatch):
     assert snapshot() == before and patches.applied() == ()
 
 
-def test_missing_later_patch_point_raises_before_earlier_ones_apply(monkeypatch):
+def test_missing_optional_patch_point_is_reported_not_refused(monkeypatch):
     import torch.nn.attention.flex_attention as flex
     monkeypatch.delattr(flex, "create_block_mask")
-    before = snapshot_without_flex()
-    with pytest.raises(fxguard.UnsupportedTorchError, match="create_block_mask"):
+    s = fxguard.install()
+    rows = {r["what"]: r["reason"] for r in s["patch_points"]}
+    assert rows["block-mask lock"] == "not available on this torch"
+    assert rows["FX-tracing flag"] == ("patched" if s["mode"] == "patched" else
+                                       "not needed: torch keeps it per thread")
+
+
+def test_unreadable_source_of_the_flag_module_raises_and_changes_nothing(monkeypatch):
+    if fxguard.install()["mode"] != "patched":
+        pytest.skip("this torch keeps the FX flag per thread itself")
+    fxguard.uninstall()
+    import linecache
+    real = linecache.getlines
+    target = torch.fx._symbolic_trace.__file__
+    monkeypatch.setattr(linecache, "getlines",
+                        lambda name, *a: [] if name == target else real(name, *a))
+    before = snapshot()
+    with pytest.raises(fxguard.UnsupportedTorchError, match="no source"):
         fxguard.install()
-    assert snapshot_without_flex() == before and patches.applied() == ()
-
-
-def snapshot_without_flex():
-    st = torch.fx._symbolic_trace
-    return (st.is_fx_tracing.__code__, st.is_fx_symbolic_tracing.__code__, type(st), sorted(vars(st)))
+    assert snapshot() == before and patches.applied() == ()
 
 
 def test_failure_while_applying_rolls_back(monkeypatch):
@@ -127,7 +142,8 @@ def test_status_reports_patch_points():
     assert s["mode"] in ("patched", "upstream-thread-local")
     assert s["torch"] == torch.__version__
     wheres = [r["where"] for r in s["patch_points"]]
-    assert "torch.fx._symbolic_trace.Tracer.trace" in wheres
-    assert all(r["found"] for r in s["patch_points"] if r["applies"])
+    assert "torch.fx._symbolic_trace._is_fx_tracing_flag" in wheres
+    assert "torch.compiler._is_compiling_flag" in wheres
+    assert all(r["patched"] == (r["reason"] == "patched") for r in s["patch_points"])
     assert fxguard.get_original(torch.fx._symbolic_trace.is_fx_tracing, "__code__") is not \
         torch.fx._symbolic_trace.is_fx_tracing.__code__ or s["mode"] != "patched"

@@ -1,4 +1,4 @@
-"""The flag follows autograd: backward run for a tracing thread sees its state, others do not.
+"""Trace state follows autograd: backward run for a tracing thread sees its state, others do not.
 
 AOTAutograd's joint tracing calls torch.autograd.grad inside make_fx; on a GPU
 the backward nodes run on the device's autograd worker thread, which serves
@@ -26,7 +26,8 @@ class Probe(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        Probe.records.append((threading.get_ident(), torch.fx._symbolic_trace.is_fx_tracing()))
+        Probe.records.append((threading.get_ident(), (torch.fx._symbolic_trace.is_fx_tracing(),
+                                                      torch.compiler.is_compiling())))
         return grad
 
 
@@ -51,7 +52,12 @@ def test_backward_sees_the_state_of_the_thread_it_runs_for(guard, device):
             return x + 1
 
     def a():
-        torch.fx.symbolic_trace(TracesAndBackprops())
+        session = getattr(torch.compiler, "_compile_session_context", None)
+        if session is None:  # torch < 2.13: is_compiling() is not set by compiles
+            torch.fx.symbolic_trace(TracesAndBackprops())
+            return
+        with session():
+            torch.fx.symbolic_trace(TracesAndBackprops())
 
     def b():
         a_inside.wait(30)
@@ -65,5 +71,6 @@ def test_backward_sees_the_state_of_the_thread_it_runs_for(guard, device):
     (a_thread, a_saw), (b_thread, b_saw) = Probe.records
     if device == "cuda":  # both ran on the device's worker, not on A or B
         assert a_thread not in (who["a"], who["b"]) and b_thread == a_thread
-    assert a_saw is True, "backward run for the tracing thread must see it tracing"
-    assert b_saw is False, "backward run for a non-tracing thread must not"
+    compiling = hasattr(torch.compiler, "_compile_session_context")
+    assert a_saw == (True, compiling), "backward run for the tracing thread must see its state"
+    assert b_saw == (False, False), "backward run for another thread must not"

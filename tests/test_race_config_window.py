@@ -11,7 +11,7 @@ import torch
 from guarded import both_ways, run_together
 from torch._higher_order_ops.utils import _set_compilation_env
 
-from fxguard.torch_plan import config_is_process_global
+from fxguard.plan import config_is_process_global
 
 WINDOW_HOLD = 1.0  # how long the window waits for the other compile before closing
 

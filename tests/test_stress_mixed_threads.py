@@ -67,4 +67,4 @@ def test_mixed_threads_zero_errors_and_flag_false_everywhere(guard):
     assert torch.fx._symbolic_trace.is_fx_tracing() is False
     assert all(counts.get(k, 0) > 0 for k in set(kinds)), counts
     if guard == "on":
-        assert fxguard._core._tracing_cells() == 0
+        assert fxguard._core._tracing_records() == 0

@@ -14,7 +14,7 @@ from typing import Any
 
 from . import _core, patches
 from ._core import RLock, block_mask_lock, fx_tracing, is_fx_symbolic_tracing, is_fx_tracing
-from .torch_plan import OPTIONS, UnsupportedTorchError
+from .plan import OPTIONS, UnsupportedTorchError
 
 __all__ = [
     "install", "uninstall", "is_installed", "status", "is_fx_tracing", "is_fx_symbolic_tracing",
@@ -23,7 +23,8 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
-_MODES = {0: "not-installed", 1: "patched", 2: "upstream-thread-local"}
+_MODES = {_core.MODE_OFF: "not-installed", _core.MODE_PATCHED: "patched",
+          _core.MODE_UPSTREAM: "upstream-thread-local"}
 _lock = threading.Lock()      # install/uninstall are rare: a plain lock suffices
 _installed: dict[str, Any] | None = None  # layout, options, rows, workers while installed
 
@@ -36,14 +37,15 @@ if hasattr(os, "register_at_fork"):
 
 
 def install(**options: bool) -> dict:
-    """Make torch's FX-tracing state per-thread.  Idempotent; returns status().
+    """Make torch's trace state per-thread.  Idempotent; returns status().
 
-    Options (all default True): ``block_mask_lock`` (torch's create_block_mask
-    takes fxguard.block_mask_lock), ``config_window_lock`` (no other thread's
-    dynamo compile runs inside _set_compilation_env's config window),
-    ``eager_backward`` (compile backward graphs with the forward, which removes
-    the shared-GPU deadlock).  Raises UnsupportedTorchError, leaving torch
-    untouched, on a torch whose layout fxguard does not know.
+    Options (all default True): ``block_mask_lock`` (torch's eager
+    create_block_mask takes fxguard.block_mask_lock), ``config_window_lock``
+    (no other thread's dynamo compile runs inside _set_compilation_env's
+    config window, where that config is process-wide), ``eager_backward``
+    (compile backward graphs with the forward, which removes the shared-GPU
+    deadlock).  Raises UnsupportedTorchError, leaving torch untouched, on a
+    torch whose layout fxguard does not know.
     """
     global _installed
     unknown = set(options) - set(OPTIONS)
@@ -58,41 +60,48 @@ def install(**options: bool) -> dict:
         import torch  # noqa: F401  (install() is where torch gets imported)
         from torch.fx import _symbolic_trace
 
-        from . import torch_plan
-        layout = torch_plan.detect_layout(_symbolic_trace)
-        changes, rows = torch_plan.prepare(layout, chosen)  # raises before touching torch
+        from . import plan
+        layout = plan.detect_layout(_symbolic_trace)
+        prepared = plan.prepare(layout, chosen)  # raises before touching torch
         try:
-            for change in changes:
+            for change in prepared.changes:
                 patches.apply_patch(*change)
-            workers = _configure_core(layout)
+            workers = _configure_core(layout, prepared.defaults)
+            for module, name, value in prepared.initial:  # this thread keeps what it had
+                setattr(vars(module)["__fxguard_tls__"], name, value)
         except BaseException:
             patches.revert_all()
-            _core._configure(0)
+            _core._configure(_core.MODE_OFF)
             raise
-        _installed = {"layout": layout, "options": chosen, "rows": rows, "workers": workers}
+        _installed = {"layout": layout, "options": chosen, "rows": prepared.rows,
+                      "workers": workers}
         return status()
 
 
-def _configure_core(layout: str) -> str:
-    """Hand the C core the torch functions it may call; says how workers get the state."""
+def _configure_core(layout: str, defaults: tuple[tuple, tuple]) -> str:
+    """Hand the C core the slot layout and the torch functions it may call;
+    says how autograd workers get the state."""
     import torch
     from torch.fx import _symbolic_trace
 
-    from .torch_plan import UPSTREAM
+    from .plan import UPSTREAM
     hooks = {"is_compiling": torch.compiler.is_compiling}
-    if layout == UPSTREAM:
-        hooks.update(upstream_get=_symbolic_trace._get_is_fx_tracing,
-                     upstream_set=_symbolic_trace._set_is_fx_tracing)
-        _core._configure(2, **hooks)
-        return "torch's own threading.local (not carried into workers)"
     # torch carries these Python objects into autograd worker threads.
     for hook, name in (("tls_stash", "_stash_obj_in_tls"), ("tls_has", "_is_key_in_tls"),
                        ("tls_get", "_get_obj_in_tls")):
         hooks[hook] = getattr(torch._C, name, None)
-    _core._configure(1, **hooks)
+    mode = _core.MODE_PATCHED
+    if layout == UPSTREAM:
+        hooks.update(upstream_get=_symbolic_trace._get_is_fx_tracing,
+                     upstream_set=_symbolic_trace._set_is_fx_tracing)
+        mode = _core.MODE_UPSTREAM
+    _core._configure(mode, defaults=defaults[0], factories=defaults[1], **hooks)
     if None in (hooks["tls_stash"], hooks["tls_has"], hooks["tls_get"]):
         return "not carried (this torch lacks _stash_obj_in_tls and friends)"
-    return "state carried via torch._C._stash_obj_in_tls"
+    carried = "per-thread state carried via torch._C._stash_obj_in_tls"
+    if layout == UPSTREAM:
+        carried += "; torch's own FX flag (threading.local) is not carried"
+    return carried
 
 
 def uninstall() -> None:
@@ -109,12 +118,12 @@ def _uninstall_locked() -> None:
     global _installed
     if _installed is None:
         return
-    busy = _core._tracing_cells()
-    if busy and _core._mode() == 1:
+    busy = _core._tracing_records()
+    if busy and _core._mode() == _core.MODE_PATCHED:
         raise RuntimeError(f"fxguard.uninstall(): {busy} thread(s) are inside an FX trace; "
                            "uninstall after they finish")
     patches.revert_all()
-    _core._configure(0)
+    _core._configure(_core.MODE_OFF)
     _installed = None
 
 
@@ -123,7 +132,9 @@ def is_installed() -> bool:
 
 
 def status() -> dict:
-    """Torch version, mode, and each patch point: found / patched."""
+    """Torch version, mode, and each row of the plan with its reason
+    (``patched``, ``option off``, ``not needed: ...``, ``not available on
+    this torch``, ``not covered: ...``)."""
     torch = sys.modules.get("torch")
     info: dict[str, Any] = {
         "fxguard": __version__,
@@ -144,10 +155,11 @@ def status() -> dict:
 
 def create_block_mask(*args: Any, **kwargs: Any) -> Any:
     """torch.nn.attention.flex_attention.create_block_mask, holding block_mask_lock
-    (and dynamo's compile_lock, as install() makes torch's own do)."""
-    from torch._dynamo.convert_frame import compile_lock
+    unless ``_compile=True`` (a compile must not hold it: see plan.BLOCK_MASK)."""
     from torch.nn.attention import flex_attention as flex
     helper = vars(flex).get("__fxguard__")  # there while install() has patched it
     original = helper.original if helper is not None else flex.create_block_mask
-    with block_mask_lock, compile_lock:
+    if kwargs.get("_compile"):
+        return original(*args, **kwargs)
+    with block_mask_lock:
         return original(*args, **kwargs)

@@ -3,7 +3,7 @@
 Every change fxguard makes to another library is one ``Patch``: set attribute
 ``attr`` of ``owner`` to a new value, remembering what was there (or that
 nothing was).  ``revert_all`` undoes them in reverse order.  Nothing here knows
-about torch; the torch-specific plan lives in ``torch_plan``.
+about torch; the torch-specific plan lives in ``plan``.
 
 To keep object identity (compiled functions, dynamo's tables and other modules
 all hold torch's function objects), functions are never replaced: their

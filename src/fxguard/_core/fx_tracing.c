@@ -1,6 +1,6 @@
 /* fx_tracing(active=True): set the calling thread's FX-tracing flag for the
  * duration of a with-block and put back the previous value on exit, also when
- * the block raises.  Each object is one scope: it restores the very cell it
+ * the block raises.  Each object is one scope: it restores the very record it
  * wrote, so nesting (with fresh objects) unwinds exactly. */
 #include "fxguard.h"
 
@@ -9,7 +9,7 @@ typedef struct {
     int active;
     int entered;
     int prev;
-    PyObject *cell;          /* written cell (own or carried-in); NULL in upstream mode */
+    fxg_record *record;      /* written record (own or carried-in); NULL in upstream mode */
     PyObject *upstream_prev; /* previous upstream value; upstream mode only */
     PyObject *upstream_set;  /* the setter used on enter, kept for exit */
 } FxTracingObject;
@@ -33,7 +33,7 @@ static int
 fx_tracing_traverse(PyObject *self, visitproc visit, void *arg)
 {
     FxTracingObject *o = (FxTracingObject *)self;
-    Py_VISIT(o->cell);
+    Py_VISIT(o->record);
     Py_VISIT(o->upstream_prev);
     Py_VISIT(o->upstream_set);
     Py_VISIT(Py_TYPE(self));
@@ -44,7 +44,7 @@ static int
 fx_tracing_clear(PyObject *self)
 {
     FxTracingObject *o = (FxTracingObject *)self;
-    Py_CLEAR(o->cell);
+    Py_CLEAR(o->record);
     Py_CLEAR(o->upstream_prev);
     Py_CLEAR(o->upstream_set);
     return 0;
@@ -86,8 +86,8 @@ fx_tracing_enter(PyObject *self, PyObject *Py_UNUSED(ignored))
         o->upstream_set = Py_NewRef(st->upstream_set); /* uninstall() may clear st's */
     }
     else {
-        o->cell = fxg_thread_set_tracing(st, o->active, &o->prev);
-        if (o->cell == NULL) {
+        o->record = fxg_thread_set_tracing(st, o->active, &o->prev);
+        if (o->record == NULL) {
             return NULL;
         }
     }
@@ -108,9 +108,9 @@ fx_tracing_exit(PyObject *self, PyObject *const *Py_UNUSED(args), Py_ssize_t Py_
         return NULL;
     }
     o->entered = 0;
-    if (o->cell != NULL) {
-        fxg_cell_set(st, o->cell, o->prev);
-        Py_CLEAR(o->cell);
+    if (o->record != NULL) {
+        fxg_record_set_flag(st, o->record, o->prev);
+        Py_CLEAR(o->record);
     }
     else if (o->upstream_prev != NULL) {
         PyObject *prev = o->upstream_prev, *setter = o->upstream_set;

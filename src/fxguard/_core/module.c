@@ -24,9 +24,9 @@ is_fx_symbolic_tracing(PyObject *module, PyObject *Py_UNUSED(ignored))
 }
 
 static PyObject *
-tracing_cells(PyObject *module, PyObject *Py_UNUSED(ignored))
+tracing_records(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
-    return PyLong_FromSsize_t(state_of(module)->tracing_cells);
+    return PyLong_FromSsize_t(state_of(module)->tracing_records);
 }
 
 static PyObject *
@@ -41,9 +41,23 @@ get_mode(PyObject *module, PyObject *Py_UNUSED(ignored))
     return PyLong_FromLong(state_of(module)->mode);
 }
 
+static PyObject *
+thread_values(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    fxg_record *rec = fxg_record_for(state_of(module));
+    if (rec == NULL) {
+        return NULL;
+    }
+    PyObject *copy = PyList_GetSlice(rec->values, 0, PyList_GET_SIZE(rec->values));
+    Py_DECREF(rec);
+    return copy;
+}
+
 static void
 clear_hooks(fxg_state *st)
 {
+    Py_CLEAR(st->defaults);
+    Py_CLEAR(st->factories);
     Py_CLEAR(st->is_compiling);
     Py_CLEAR(st->tls_stash);
     Py_CLEAR(st->tls_has);
@@ -59,11 +73,11 @@ static int
 stash_steals(fxg_state *st, PyObject *stash)
 {
     /* A fresh probe each time (a probe already stashed would be released by
-     * the stash itself and spoil the count), kept alive for good in
-     * st->kept_cells so that whatever torch later does with it is harmless. */
+     * the stash itself and spoil the count), kept alive for good in st->kept
+     * so that whatever torch later does with it is harmless. */
     PyObject *key = PyUnicode_FromString("fxguard.stash_probe");
     PyObject *probe = PyList_New(0);
-    if (key == NULL || probe == NULL || PyList_Append(st->kept_cells, probe) < 0) {
+    if (key == NULL || probe == NULL || PyList_Append(st->kept, probe) < 0) {
         Py_XDECREF(key);
         Py_XDECREF(probe);
         return -1;
@@ -84,17 +98,26 @@ stash_steals(fxg_state *st, PyObject *stash)
     return steals;
 }
 
-/* _configure(mode, is_compiling=None, tls_stash=None, tls_has=None,
- *            tls_get=None, upstream_get=None, upstream_set=None)
- * Called by install()/uninstall(): which torch functions the core may use. */
+/* The torch functions install() hands the core, by keyword. */
+enum { HOOK_IS_COMPILING, HOOK_TLS_STASH, HOOK_TLS_HAS, HOOK_TLS_GET, HOOK_UPSTREAM_GET,
+       HOOK_UPSTREAM_SET, N_HOOKS };
+
+/* _configure(mode, *, defaults=(), factories=(), is_compiling=None,
+ *            tls_stash=None, tls_has=None, tls_get=None, upstream_get=None,
+ *            upstream_set=None)
+ * Called by install()/uninstall(): the slot layout, and which torch
+ * functions the core may use.  Every call starts a new layout (epoch): each
+ * thread's slots start again from `defaults`/`factories` on next use. */
 static PyObject *
 configure(PyObject *module, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"mode", "is_compiling", "tls_stash", "tls_has", "tls_get",
-                             "upstream_get", "upstream_set", NULL};
+    static char *kwlist[] = {"mode", "defaults", "factories", "is_compiling", "tls_stash",
+                             "tls_has", "tls_get", "upstream_get", "upstream_set", NULL};
     int mode;
-    PyObject *hooks[6] = {NULL, NULL, NULL, NULL, NULL, NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "i|$OOOOOO:_configure", kwlist, &mode,
+    PyObject *defaults = NULL, *factories = NULL;
+    PyObject *hooks[N_HOOKS] = {NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "i|$O!O!OOOOOO:_configure", kwlist, &mode,
+                                     &PyTuple_Type, &defaults, &PyTuple_Type, &factories,
                                      &hooks[0], &hooks[1], &hooks[2], &hooks[3], &hooks[4],
                                      &hooks[5])) {
         return NULL;
@@ -103,7 +126,19 @@ configure(PyObject *module, PyObject *args, PyObject *kwargs)
         PyErr_Format(PyExc_ValueError, "unknown mode %d", mode);
         return NULL;
     }
-    for (int i = 0; i < 6; i++) {
+    Py_ssize_t nslots = defaults ? PyTuple_GET_SIZE(defaults) : 0;
+    if ((factories ? PyTuple_GET_SIZE(factories) : 0) != nslots) {
+        PyErr_SetString(PyExc_ValueError, "_configure: defaults and factories differ in length");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < nslots; i++) {
+        PyObject *f = PyTuple_GET_ITEM(factories, i);
+        if (f != Py_None && !PyCallable_Check(f)) {
+            PyErr_SetString(PyExc_TypeError, "_configure: factories must be callables or None");
+            return NULL;
+        }
+    }
+    for (int i = 0; i < N_HOOKS; i++) {
         if (hooks[i] == Py_None) {
             hooks[i] = NULL;
         }
@@ -112,24 +147,28 @@ configure(PyObject *module, PyObject *args, PyObject *kwargs)
             return NULL;
         }
     }
-    if (mode == FXG_MODE_UPSTREAM && (hooks[4] == NULL || hooks[5] == NULL)) {
+    if (mode == FXG_MODE_UPSTREAM && (hooks[HOOK_UPSTREAM_GET] == NULL ||
+                                      hooks[HOOK_UPSTREAM_SET] == NULL)) {
         PyErr_SetString(PyExc_ValueError, "upstream mode needs upstream_get and upstream_set");
         return NULL;
     }
     fxg_state *st = state_of(module);
     int steals = 0;
-    if (hooks[1] != NULL && (steals = stash_steals(st, hooks[1])) < 0) {
+    if (hooks[HOOK_TLS_STASH] != NULL && (steals = stash_steals(st, hooks[HOOK_TLS_STASH])) < 0) {
         return NULL;
     }
     clear_hooks(st);
+    st->defaults = nslots ? Py_NewRef(defaults) : NULL;
+    st->factories = nslots ? Py_NewRef(factories) : NULL;
     st->tls_stash_steals = steals;
-    st->is_compiling = Py_XNewRef(hooks[0]);
-    st->tls_stash = Py_XNewRef(hooks[1]);
-    st->tls_has = Py_XNewRef(hooks[2]);
-    st->tls_get = Py_XNewRef(hooks[3]);
-    st->upstream_get = Py_XNewRef(hooks[4]);
-    st->upstream_set = Py_XNewRef(hooks[5]);
+    st->is_compiling = Py_XNewRef(hooks[HOOK_IS_COMPILING]);
+    st->tls_stash = Py_XNewRef(hooks[HOOK_TLS_STASH]);
+    st->tls_has = Py_XNewRef(hooks[HOOK_TLS_HAS]);
+    st->tls_get = Py_XNewRef(hooks[HOOK_TLS_GET]);
+    st->upstream_get = Py_XNewRef(hooks[HOOK_UPSTREAM_GET]);
+    st->upstream_set = Py_XNewRef(hooks[HOOK_UPSTREAM_SET]);
     st->mode = (fxg_mode)mode;
+    st->epoch++;
     Py_RETURN_NONE;
 }
 
@@ -139,10 +178,12 @@ static PyMethodDef core_methods[] = {
     {"is_fx_symbolic_tracing", is_fx_symbolic_tracing, METH_NOARGS,
      "is_fx_symbolic_tracing() -> bool\n\nWhether the calling thread is FX tracing and not being\n"
      "compiled by dynamo.  Does not call into torch unless the thread is tracing."},
-    {"_tracing_cells", tracing_cells, METH_NOARGS, "Number of threads whose flag is set."},
+    {"_tracing_records", tracing_records, METH_NOARGS, "Number of threads whose FX flag is set."},
+    {"_thread_values", thread_values, METH_NOARGS,
+     "The calling thread's per-thread globals, in slot order (a copy)."},
     {"_stash_steals", stash_steals_flag, METH_NOARGS,
      "Whether torch's _stash_obj_in_tls needed a compensating reference (torch 2.11)."},
-    {"_mode", get_mode, METH_NOARGS, "0 off, 1 patched, 2 upstream."},
+    {"_mode", get_mode, METH_NOARGS, "MODE_OFF, MODE_PATCHED or MODE_UPSTREAM."},
     {"_configure", (PyCFunction)(void (*)(void))configure, METH_VARARGS | METH_KEYWORDS, NULL},
     {NULL, NULL, 0, NULL},
 };
@@ -165,13 +206,22 @@ core_exec(PyObject *module)
 {
     fxg_state *st = state_of(module);
     st->mode = FXG_MODE_OFF;
-    st->tracing_cells = 0;
-    st->cell_key = PyUnicode_InternFromString("fxguard.trace_cell");
-    st->kept_cells = PyList_New(0);
-    if (st->cell_key == NULL || st->kept_cells == NULL) {
+    st->tracing_records = 0;
+    st->published = 0;
+    st->epoch = 0;
+    st->record_key = PyUnicode_InternFromString("fxguard.thread_record");
+    st->kept = PyList_New(0);
+    if (st->record_key == NULL || st->kept == NULL) {
         return -1;
     }
-    if (add_type(module, &fxg_cell_spec, &st->cell_type, NULL) < 0 ||
+    if (PyModule_AddIntConstant(module, "MODE_OFF", FXG_MODE_OFF) < 0 ||
+        PyModule_AddIntConstant(module, "MODE_PATCHED", FXG_MODE_PATCHED) < 0 ||
+        PyModule_AddIntConstant(module, "MODE_UPSTREAM", FXG_MODE_UPSTREAM) < 0 ||
+        PyModule_AddIntConstant(module, "FLAG_SLOT", FXG_FLAG_SLOT) < 0) {
+        return -1;
+    }
+    if (add_type(module, &fxg_record_spec, &st->record_type, NULL) < 0 ||
+        add_type(module, &fxg_slot_view_spec, &st->slot_view_type, "SlotView") < 0 ||
         add_type(module, &fxg_fx_tracing_spec, &st->fx_tracing_type, "fx_tracing") < 0 ||
         add_type(module, &fxg_rlock_spec, &st->rlock_type, "RLock") < 0) {
         return -1;
@@ -190,14 +240,17 @@ static int
 core_traverse(PyObject *module, visitproc visit, void *arg)
 {
     fxg_state *st = state_of(module);
+    Py_VISIT(st->defaults);
+    Py_VISIT(st->factories);
     Py_VISIT(st->is_compiling);
     Py_VISIT(st->tls_stash);
     Py_VISIT(st->tls_has);
     Py_VISIT(st->tls_get);
     Py_VISIT(st->upstream_get);
     Py_VISIT(st->upstream_set);
-    Py_VISIT(st->kept_cells);
-    Py_VISIT(st->cell_type);
+    Py_VISIT(st->kept);
+    Py_VISIT(st->record_type);
+    Py_VISIT(st->slot_view_type);
     Py_VISIT(st->fx_tracing_type);
     Py_VISIT(st->rlock_type);
     return 0;
@@ -208,9 +261,10 @@ core_clear(PyObject *module)
 {
     fxg_state *st = state_of(module);
     clear_hooks(st);
-    Py_CLEAR(st->cell_key);
-    Py_CLEAR(st->kept_cells);
-    Py_CLEAR(st->cell_type);
+    Py_CLEAR(st->record_key);
+    Py_CLEAR(st->kept);
+    Py_CLEAR(st->record_type);
+    Py_CLEAR(st->slot_view_type);
     Py_CLEAR(st->fx_tracing_type);
     Py_CLEAR(st->rlock_type);
     return 0;

@@ -1,0 +1,196 @@
+"""Make module globals per-thread: machinery that knows no torch names.
+
+A ``PerThread`` row names one module global.  ``plan()`` turns a set of rows
+into ``patches`` changes, computed without touching anything:
+
+1. each module whose code uses a per-thread global gets ``__fxguard_tls__``,
+   a ``_core.SlotView`` mapping those names to slots of the thread record;
+2. every function of the owning module that uses the global (found in its
+   code, nested code included) is recompiled from source with the global
+   read and written through that view (``rewrite.redirect``); so are the
+   named writers in other modules that assign ``module.name``;
+3. the owning module gets a PEP 562 ``__getattr__`` so that
+   ``module.name`` and ``from module import name`` give the calling
+   thread's value (chained to a ``__getattr__`` the module already had);
+4. last, the module global itself is deleted.
+
+A row whose global is missing is reported ``not available on this torch``;
+one whose module source has a use that no rewritten function covers is
+refused, since a silent miss would leave a process-wide read behind.
+"""
+from __future__ import annotations
+
+import importlib
+import types
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from . import _core, rewrite
+from .patches import MISSING
+
+VIEW = "__fxguard_tls__"
+
+
+@dataclass(frozen=True)
+class PerThread:
+    """One module global that becomes per-thread."""
+    module: str
+    name: str
+    default: Any = None                  # each thread's initial value (immutable)
+    factory: Callable[[], Any] | None = None  # or: a fresh initial value per thread
+    writers: tuple[str, ...] = ()        # 'pkg.mod.func' in other modules assigning module.name
+    aliases: tuple[str, ...] = ()        # modules whose functions read a ``from module import name``
+    flag: bool = False                   # kept in the record's C flag (the FX-tracing flag)
+
+    @property
+    def where(self) -> str:
+        return f"{self.module}.{self.name}"
+
+
+class NotCovered(RuntimeError):
+    """A row's global is used where fxguard cannot follow it."""
+
+
+def functions_in(module: types.ModuleType) -> Iterator[types.FunctionType]:
+    """Every function a module defines: top level, in its classes, under wrappers."""
+    def own(value: Any) -> bool:
+        return getattr(value, "__module__", None) == module.__name__
+
+    def defined_here(fn: types.FunctionType) -> bool:  # not a functools.wraps wrapper
+        return own(fn) and fn.__code__.co_filename == getattr(module, "__file__", None)
+
+    values = list(vars(module).values())
+    values += [v for cls in values if isinstance(cls, type) and own(cls) for v in vars(cls).values()]
+    seen = set()
+    for value in values:
+        value = getattr(value, "__func__", value)       # staticmethod / classmethod
+        value = getattr(value, "fget", value)            # property
+        for _ in range(10):                              # contextmanager, wraps, dynamo's disable()
+            if isinstance(value, types.FunctionType) and defined_here(value) \
+                    and id(value) not in seen:
+                seen.add(id(value))
+                yield value
+            value = getattr(value, "__wrapped__", None)
+            if value is None:
+                break
+
+
+class Planner:
+    """Collects what the rows need; ``changes()`` lists them in apply order."""
+
+    def __init__(self) -> None:
+        self.slots: list[PerThread] = []
+        self.views: dict[str, dict[str, int]] = {}     # module -> {name: slot}
+        self.targets: dict[int, tuple[types.FunctionType, set, dict]] = {}  # fn, names, attributes
+        self.getattrs: dict[str, dict[str, int]] = {}  # owning module -> {name: slot}
+        self.deletes: list[tuple[types.ModuleType, str]] = []
+
+    def add(self, row: PerThread) -> str:
+        """Plan one row; returns its status reason.  Raises NotCovered."""
+        owner = importlib.import_module(row.module)
+        if row.name not in vars(owner):
+            return "not available on this torch"
+        slot = _core.FLAG_SLOT if row.flag else len([r for r in self.slots if not r.flag])
+        self.slots.append(row)
+        users = self._redirect_users(owner, row, slot)
+        _check_covered(owner, row.name, users)
+        for alias in row.aliases:
+            self._redirect_users(importlib.import_module(alias), row, slot)
+        for path in row.writers:
+            self._redirect_writer(path, row, slot)
+        self.getattrs.setdefault(row.module, {})[row.name] = slot
+        self.deletes.append((owner, row.name))
+        return "patched"
+
+    def _view(self, module: str, row: PerThread, slot: int) -> None:
+        names = self.views.setdefault(module, {})
+        if names.get(row.name, slot) != slot:
+            raise NotCovered(f"{module}: two per-thread globals named {row.name}")
+        names[row.name] = slot
+
+    def _redirect_users(self, module: types.ModuleType, row: PerThread, slot: int) -> list:
+        users = []
+        for fn in functions_in(module):
+            if rewrite.global_users([fn.__code__], row.name) and \
+                    self._target(fn, names={row.name}):
+                self._view(module.__name__, row, slot)
+                users.append(fn)
+        return users
+
+    def _redirect_writer(self, path: str, row: PerThread, slot: int) -> None:
+        module_name, _, qualname = path.rpartition(".")
+        module = importlib.import_module(module_name)
+        fn = next((f for f in functions_in(module) if f.__qualname__ == qualname), None)
+        if fn is None:
+            raise NotCovered(f"writer {path} not found")
+        if not self._target(fn, attributes={row.where: row.name}):
+            raise NotCovered(f"writer {path} no longer writes {row.where}")
+        self._view(module_name, row, slot)
+
+    def _target(self, fn: types.FunctionType, names: set = frozenset(),
+                attributes: dict | None = None) -> bool:
+        """Add names/attributes to redirect in fn; whether fn uses any of them."""
+        try:
+            _, count = rewrite.redirect(fn, names, VIEW, attributes)
+        except rewrite.RewriteError as e:
+            raise NotCovered(str(e)) from None
+        if count:
+            _, all_names, all_attributes = self.targets.setdefault(id(fn), (fn, set(), {}))
+            all_names |= set(names)
+            all_attributes.update(attributes or {})
+        return count > 0
+
+    def code_for(self, fn: types.FunctionType) -> types.CodeType:
+        """The code fn will have once the per-thread changes are applied."""
+        if id(fn) not in self.targets:
+            return fn.__code__
+        _, names, attributes = self.targets[id(fn)]
+        return rewrite.redirect(fn, names, VIEW, attributes)[0]
+
+    def initial(self) -> list[tuple[types.ModuleType, str, Any]]:
+        """(module, name, value now): what the installing thread starts with."""
+        return [(owner, name, vars(owner)[name]) for owner, name in self.deletes]
+
+    def defaults(self) -> tuple[tuple, tuple]:
+        rows = [r for r in self.slots if not r.flag]
+        return (tuple(r.default for r in rows), tuple(r.factory for r in rows))
+
+    def changes(self, label: str) -> list[tuple[str, object, str, Any]]:
+        out = []
+        for module, names in self.views.items():
+            out.append((label, importlib.import_module(module), VIEW, _core.SlotView(names)))
+        out += [(label, fn, "__code__", self.code_for(fn)) for fn, _, _ in self.targets.values()]
+        for module, names in self.getattrs.items():
+            owner = importlib.import_module(module)
+            out.append((label, owner, "__getattr__",
+                        _module_getattr(owner, names, vars(owner).get("__getattr__"))))
+        out += [(label, owner, name, MISSING) for owner, name in self.deletes]
+        return out
+
+
+def _module_getattr(module: types.ModuleType, names: dict[str, int], chained: Any) -> Callable:
+    """PEP 562 hook: ``module.name`` is the calling thread's value.  The module
+    keeps its exact type, which dynamo requires of modules it imports."""
+    view = _core.SlotView(names)
+
+    def __getattr__(name: str) -> Any:
+        if name in names:
+            return getattr(view, name)
+        if chained is not None:
+            return chained(name)
+        raise AttributeError(f"module {module.__name__!r} has no attribute {name!r}")
+
+    __getattr__.__module__ = module.__name__
+    __getattr__.__qualname__ = "__getattr__"
+    return __getattr__
+
+
+def _check_covered(module: types.ModuleType, name: str, users: list) -> None:
+    """Every use of the global inside a def of the module's source lies in a
+    rewritten function; else some code would still read the process-wide one."""
+    lines = rewrite.uses_in_defs(module.__file__, name)
+    spans = [rewrite.def_span(fn.__code__) for fn in users]
+    missed = [n for n in lines if not any(a <= n <= b for a, b in spans)]
+    if missed:
+        raise NotCovered(f"{module.__name__}.{name} is also used at line(s) "
+                         f"{', '.join(map(str, missed[:5]))}, in code fxguard does not rewrite")

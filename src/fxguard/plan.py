@@ -1,0 +1,259 @@
+"""What fxguard changes in torch: the rows, as data.  Read the tables first.
+
+``PER_THREAD``: module globals that a trace or compile writes and another
+thread's run-time code reads; each becomes per-thread (a new one is one new
+row; ``per_thread.py`` does the work).  ``WRAPPED``: functions that get a
+lock around them.  ``CONFIG_DEFAULTS``: torch config defaults changed for
+every thread.  ``prepare()`` turns the rows that apply to the installed torch
+into ``patches`` changes without changing anything; install() applies them
+in order and uninstall() undoes them in reverse.
+"""
+from __future__ import annotations
+
+import copy
+import importlib
+import types
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from . import _core, patches
+from .per_thread import NotCovered, PerThread, Planner
+
+FLAG = "_is_fx_tracing_flag"
+FLAG_MODULE = "torch.fx._symbolic_trace"
+
+# Layouts of torch's FX-tracing flag that fxguard knows.
+MODULE_GLOBAL = "module-global"       # torch <= 2.13: one bool for the process
+UPSTREAM = "upstream-thread-local"    # torch >= 2.14: threading.local behind _get/_set_is_fx_tracing
+
+
+class UnsupportedTorchError(RuntimeError):
+    """install() found a torch it does not know; nothing was patched."""
+
+
+# -- per-thread globals --------------------------------------------------------
+
+COMPILING_STATE = "torch._export.utils._compiling_state_context"  # export assigns the attributes
+
+PER_THREAD: tuple[PerThread, ...] = (
+    # The FX-tracing flag: compile_wrapper raises when it reads True.
+    PerThread(FLAG_MODULE, FLAG, False, flag=True,
+              writers=("torch._higher_order_ops.utils._set_compilation_env",)),
+    # is_compiling(): True in every thread during any compile (2.13+), so
+    # transformers picks uncompiled flex_attention.
+    PerThread("torch.compiler", "_is_compiling_flag", False, writers=(COMPILING_STATE,)),
+    PerThread("torch.compiler", "_is_exporting_flag", False, writers=(COMPILING_STATE,)),
+    PerThread("torch.compiler", "_is_non_strict_tracing_flag", False),
+    # Node meta: create_block_mask's annotate() against another thread's trace
+    # (KeyError: 'custom').  flex_attention.py imported current_meta by value.
+    PerThread("torch.fx.traceback", "current_meta", factory=dict,
+              aliases=("torch._higher_order_ops.flex_attention",)),
+    PerThread("torch.fx.traceback", "current_replay_node", None),
+    PerThread("torch.fx.traceback", "should_preserve_node_meta", False),
+    PerThread("torch.fx.traceback", "_should_preserve_node_meta", False),
+    # A HOP's eager autograd must not re-enter another thread's make_fx.
+    PerThread("torch.fx.experimental.proxy_tensor", "_CURRENT_MAKE_FX_TRACER", None),
+    # Which GraphModule class a make_fx/symbolic_trace builds.
+    PerThread("torch.fx._lazy_graph_module", "_use_lazy_graph_module_flag", False),
+    PerThread("torch.fx._lazy_graph_module", "_force_skip_lazy_graph_module_flag", False),
+)
+
+
+# -- locks around functions, config defaults ----------------------------------
+
+# _set_compilation_env flips process-global dynamo config (torch <= 2.12) for
+# its window; dynamo compiles hold compile_lock, so holding it for the window
+# keeps every other thread's compile out.
+CONFIG_WINDOW = """\
+    with __fxguard__.compile_lock:
+        yield from __fxguard__.original({call})
+"""
+
+# Eager mask creation holds block_mask_lock.  Not across a compile: with
+# _compile=True a new shape compiles, and one lock would queue every thread's
+# masks behind it (dynamo's compile_lock serialises the compile itself).
+# Under torch.compile (is_dynamo_compiling() folds to True) the original is
+# inlined: no graph break.
+BLOCK_MASK = """\
+    if _compile or __fxguard__.is_dynamo_compiling():
+        return __fxguard__.original({call})
+    with __fxguard__.block_mask_lock:
+        return __fxguard__.original({call})
+"""
+
+
+@dataclass(frozen=True)
+class Wrapped:
+    what: str
+    where: str
+    body: str
+    needed: Callable[[], str | None]          # None if needed, else the reason it is not
+    helpers: tuple[tuple[str, Callable[[], Any]], ...] = ()
+    option: str | None = None
+
+
+@dataclass(frozen=True)
+class ConfigDefault:
+    what: str
+    where: str
+    value: Any
+    option: str | None = None
+
+
+def config_is_process_global() -> bool:
+    """torch <= 2.12 keeps dynamo config values in plain attributes shared by all
+    threads; 2.13 keeps overrides in ContextVars, so each thread has its own."""
+    import contextvars
+
+    import torch._dynamo.config as dynamo_config
+    entry = dynamo_config._config["allow_empty_graphs"]
+    return not isinstance(getattr(entry, "user_override", None), contextvars.ContextVar)
+
+
+def _compile_lock() -> Any:
+    from torch._dynamo.convert_frame import compile_lock
+    return compile_lock
+
+
+def _is_dynamo_compiling() -> Any:
+    import torch
+    return torch.compiler.is_dynamo_compiling
+
+
+WRAPPED: tuple[Wrapped, ...] = (
+    Wrapped("config window lock", "torch._higher_order_ops.utils._set_compilation_env",
+            CONFIG_WINDOW,
+            lambda: None if config_is_process_global() else "not needed: config per thread",
+            (("compile_lock", _compile_lock),), option="config_window_lock"),
+    Wrapped("block-mask lock", "torch.nn.attention.flex_attention.create_block_mask", BLOCK_MASK,
+            lambda: None,
+            (("is_dynamo_compiling", _is_dynamo_compiling),
+             ("block_mask_lock", lambda: _core.block_mask_lock)), option="block_mask_lock"),
+)
+
+CONFIG_DEFAULTS: tuple[ConfigDefault, ...] = (
+    # Backward graphs compiled with the forward: the autograd worker never
+    # needs compile_lock (the shared-GPU deadlock).
+    ConfigDefault("eager backward", "torch._functorch.config.force_non_lazy_backward_lowering",
+                  True, option="eager_backward"),
+)
+
+OPTIONS = ("block_mask_lock", "config_window_lock", "eager_backward")
+
+
+# -- layout of the FX flag ------------------------------------------------------
+
+KNOWN_FLAG_USERS = {"is_fx_tracing", "is_fx_symbolic_tracing", "Tracer.trace"}
+
+
+def detect_layout(module: types.ModuleType) -> str:
+    """Which layout ``torch.fx._symbolic_trace`` has; UnsupportedTorchError if none."""
+    from .per_thread import functions_in
+    from .rewrite import global_users
+
+    names = vars(module)
+    if callable(names.get("_get_is_fx_tracing")) and callable(names.get("_set_is_fx_tracing")) \
+            and FLAG not in names:
+        return UPSTREAM
+    problems = []
+    if type(names.get(FLAG)) is not bool:
+        problems.append(f"module global {FLAG} (a bool) is missing")
+    users = {fn.__qualname__ for fn in functions_in(module) if global_users([fn.__code__], FLAG)}
+    if missing := KNOWN_FLAG_USERS - users:
+        problems.append(f"these no longer use {FLAG}: {', '.join(sorted(missing))}")
+    if problems:
+        raise UnsupportedTorchError(f"{module.__name__}: " + "; ".join(problems))
+    return MODULE_GLOBAL
+
+
+# -- turning rows into changes -------------------------------------------------
+
+Change = tuple[str, object, str, Any]  # (label, owner, attribute, new value or MISSING to delete)
+
+
+@dataclass
+class Prepared:
+    changes: list[Change]
+    rows: list[dict]
+    defaults: tuple[tuple, tuple]        # slot defaults and factories for _core._configure
+    initial: list[tuple[Any, str, Any]]  # (module, name, value): the installing thread's values
+
+
+def _row(what: str, where: str, reason: str) -> dict:
+    return {"what": what, "where": where, "reason": reason, "patched": reason == "patched"}
+
+
+def prepare(layout: str, options: dict[str, bool]) -> Prepared:
+    """Everything install() will change, computed without changing anything."""
+    planner, rows = Planner(), []
+    for row in PER_THREAD:
+        what = "per-thread flag" if row.flag else "per-thread global"
+        if row.flag and layout != MODULE_GLOBAL:
+            rows.append(_row("FX-tracing flag", row.where, "not needed: torch keeps it per thread"))
+            continue
+        saved = copy.copy(planner.__dict__), {k: (f, set(n), dict(a))
+                                               for k, (f, n, a) in planner.targets.items()}
+        try:
+            reason = planner.add(row)
+        except NotCovered as e:
+            if row.flag:
+                raise UnsupportedTorchError(str(e)) from None
+            planner.__dict__.update(saved[0])
+            planner.targets = saved[1]
+            reason = f"not covered: {e}"
+        rows.append(_row("FX-tracing flag" if row.flag else what, row.where, reason))
+    changes = planner.changes("per-thread")
+    helpers: dict[str, types.ModuleType] = {}
+    for wrap in WRAPPED:
+        reason = _wrap(wrap, options, planner, helpers, changes)
+        rows.append(_row(wrap.what, wrap.where, reason))
+    for cfg in CONFIG_DEFAULTS:
+        rows.append(_row(cfg.what, cfg.where, _config_default(cfg, options, changes)))
+    helper_changes = [("helpers", importlib.import_module(name), "__fxguard__", helper)
+                      for name, helper in helpers.items()]
+    return Prepared(helper_changes + changes, rows, planner.defaults(), planner.initial())
+
+
+def _resolve(where: str) -> tuple[object, Any]:
+    try:
+        owner, _, current = patches.resolve_path(where)
+    except (ImportError, AttributeError):
+        return None, patches.MISSING
+    return owner, current
+
+
+def _wrap(wrap: Wrapped, options: dict, planner: Planner, helpers: dict, changes: list) -> str:
+    if wrap.option and not options[wrap.option]:
+        return "option off"
+    if (why := wrap.needed()) is not None:
+        return why
+    _, current = _resolve(wrap.where)
+    fn = current
+    while fn is not None and not isinstance(fn, types.FunctionType):
+        fn = getattr(fn, "__wrapped__", None)
+    if isinstance(fn, types.FunctionType) and "__wrapped__" in vars(fn):
+        fn = fn.__wrapped__  # contextmanager: the generator function
+    if not isinstance(fn, types.FunctionType):
+        return "not available on this torch"
+    if "{call}" in wrap.body and "_compile" in wrap.body and "_compile" not in fn.__code__.co_varnames:
+        return "not available on this torch"
+    helper = helpers.setdefault(fn.__module__, types.ModuleType(f"fxguard.helpers[{fn.__module__}]"))
+    helper.original = patches.shadow_function(fn, planner.code_for(fn))
+    for name, make in wrap.helpers:
+        setattr(helper, name, make())
+    changes.append((wrap.what, fn, "__code__", patches.wrapper_code(fn, wrap.body)))
+    return "patched"
+
+
+def _config_default(cfg: ConfigDefault, options: dict, changes: list) -> str:
+    """Change a torch config's default, for every thread.  (Assigning the config
+    on torch 2.13 would only reach the calling thread's context; a value a user
+    assigned explicitly still wins, as it should.)"""
+    if cfg.option and not options[cfg.option]:
+        return "option off"
+    owner, current = _resolve(cfg.where)
+    entry = getattr(owner, "_config", {}).get(cfg.where.rsplit(".", 1)[1]) if owner else None
+    if entry is None or not hasattr(entry, "default"):
+        return "not available on this torch"
+    changes.append((cfg.what, entry, "default", cfg.value))
+    return "patched"

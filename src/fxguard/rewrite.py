@@ -1,0 +1,257 @@
+"""Recompile a function from its own source so that chosen globals live elsewhere.
+
+Knows no torch names.  ``redirect(fn, names, via)`` reads the file ``fn`` was
+compiled from, finds its ``def`` in the module's AST, turns every use of a
+global in ``names`` (a read, an assignment, ``global x``) into an attribute of
+``via`` (a name in the function's globals), and compiles it again with the
+original file name and line numbers: tracebacks, ``inspect`` and dynamo's
+skip rules see the same function.  The caller swaps the result into
+``fn.__code__``, so every holder of the function object (closures, tables,
+``from ... import`` aliases) runs the new code.
+
+Why source and not bytecode: bytecode changes with every CPython release;
+the AST of a ``def`` does not, and a global read and write are plain
+``Name`` nodes in it.  The price is that the file must be there and match the
+loaded code, which ``_find_def`` checks (name and first line).
+"""
+from __future__ import annotations
+
+import ast
+import copy
+import linecache
+import types
+from typing import Iterable
+
+
+class RewriteError(RuntimeError):
+    """The function's source is missing, does not match, or binds a name locally."""
+
+
+def redirect(fn: types.FunctionType, names: Iterable[str], via: str,
+             attributes: dict[str, str] | None = None) -> tuple[types.CodeType, int]:
+    """New code for ``fn`` and how many uses it changed.
+
+    ``names``: globals of fn's module to serve as ``<via>.<name>``.
+    ``attributes``: dotted expressions (``"pkg.mod.name"``) to serve as
+    ``<via>.<name>`` too (writers in other modules).  Raises RewriteError.
+    """
+    code = fn.__code__
+    tree = _module_ast(code.co_filename)
+    path = _find_def(tree, code)
+    changer = _Redirect(set(names), via, attributes or {})
+    func = changer.visit(_copy(path[-1]))
+    if changer.count == 0:
+        return code, 0
+    wrapped = _nest(func, path[:-1], _future_imports(tree))
+    compiled = compile(ast.fix_missing_locations(wrapped), code.co_filename, "exec",
+                       dont_inherit=True)
+    new = _find_code(compiled, code)
+    if new.co_freevars != code.co_freevars:
+        raise RewriteError(f"{code.co_qualname if hasattr(code, 'co_qualname') else code.co_name}: "
+                           f"free variables differ ({new.co_freevars} vs {code.co_freevars})")
+    return new, changer.count
+
+
+def uses_in_defs(filename: str, name: str) -> list[int]:
+    """Lines where code inside a def of this file uses global ``name``."""
+    lines: set[int] = set()
+    for node in ast.walk(_module_ast(filename)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            finder = _Redirect({name}, "_", {})
+            finder.visit(_copy(node))
+            lines |= finder.lines
+    return sorted(lines)
+
+
+def def_span(code: types.CodeType) -> tuple[int, int]:
+    """First and last source line of a function's code, nested code included."""
+    last, stack = code.co_firstlineno, [code]
+    while stack:
+        c = stack.pop()
+        last = max([last] + [line for _, _, line in c.co_lines() if line is not None])
+        stack += [k for k in c.co_consts if isinstance(k, types.CodeType)]
+    return code.co_firstlineno, last
+
+
+def global_users(codes: Iterable[types.CodeType], name: str) -> bool:
+    """Whether any of these code objects (nested ones included) names ``name``."""
+    stack = list(codes)
+    while stack:
+        code = stack.pop()
+        if name in code.co_names:
+            return True
+        stack += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    return False
+
+
+# -- finding the def ---------------------------------------------------------
+
+def _module_ast(filename: str) -> ast.Module:
+    lines = linecache.getlines(filename)
+    if not lines:
+        raise RewriteError(f"no source for {filename}")
+    try:
+        return ast.parse("".join(lines), filename)
+    except SyntaxError as e:
+        raise RewriteError(f"cannot parse {filename}: {e}") from None
+
+
+def _first_line(node: ast.AST) -> int:
+    decorators = getattr(node, "decorator_list", [])
+    return min([node.lineno] + [d.lineno for d in decorators])
+
+
+def _find_def(tree: ast.Module, code: types.CodeType) -> list[ast.AST]:
+    """Path of nodes (enclosing classes, then the def) whose code is ``code``."""
+    def search(body: list[ast.stmt], path: list[ast.AST]):
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if node.name == code.co_name and _first_line(node) == code.co_firstlineno:
+                    return path + [node]
+            if isinstance(node, ast.ClassDef):
+                found = search(node.body, path + [node])
+                if found:
+                    return found
+            for field in ("body", "orelse", "finalbody", "handlers"):  # defs under if/try
+                inner = getattr(node, field, None)
+                if isinstance(node, (ast.If, ast.Try, ast.With, ast.ExceptHandler)) and inner:
+                    found = search(inner, path)
+                    if found:
+                        return found
+        return None
+
+    found = search(tree.body, [])
+    if found is None:
+        raise RewriteError(f"def {code.co_name} at line {code.co_firstlineno} not found in "
+                           f"{code.co_filename}: source and loaded code differ")
+    return found
+
+
+def _copy(node: ast.AST) -> ast.AST:
+    return copy.deepcopy(node)  # the parsed module stays as read
+
+
+def _future_imports(tree: ast.Module) -> list[ast.stmt]:
+    return [n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "__future__"]
+
+
+def _nest(func: ast.AST, classes: list[ast.AST], future: list[ast.stmt]) -> ast.Module:
+    """Put the def back inside its classes (for ``__class__``/qualname), alone."""
+    node = func
+    for cls in reversed(classes):
+        shell = ast.ClassDef(name=cls.name, bases=[], keywords=[], body=[node],
+                             decorator_list=[], **({"type_params": []} if hasattr(cls, "type_params") else {}))
+        ast.copy_location(shell, cls)
+        node = shell
+    return ast.Module(body=future + [node], type_ignores=[])
+
+
+def _find_code(compiled: types.CodeType, original: types.CodeType) -> types.CodeType:
+    stack = [compiled]
+    while stack:
+        code = stack.pop()
+        if code.co_name == original.co_name and code.co_firstlineno == original.co_firstlineno \
+                and code is not compiled:
+            return code
+        stack += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    raise RewriteError(f"recompiled {original.co_name} not found")
+
+
+# -- the change itself -------------------------------------------------------
+
+class _Redirect(ast.NodeTransformer):
+    """Global ``x`` -> ``via.x`` in a def and the defs nested in it.
+
+    A name is redirected in a scope only if it is global there: declared
+    ``global``, or never bound locally.  A scope that binds it locally
+    without ``global`` keeps its own variable (and nested scopes that see it)."""
+
+    def __init__(self, names: set[str], via: str, attributes: dict[str, str]):
+        self.names, self.via, self.attributes = names, via, attributes
+        self.count = 0
+        self.lines: set[int] = set()
+        self.local: list[set[str]] = []  # per enclosing scope: names bound locally
+
+    def _scope(self, node: ast.AST, args: ast.arguments | None) -> ast.AST:
+        declared = {n for g in _own_nodes(node, ast.Global) for n in g.names}
+        bound = _bound_names(node, args) - declared
+        inherited = self.local[-1] if self.local else set()
+        self.local.append((inherited | bound) & self.names)
+        try:
+            self.generic_visit(node)
+        finally:
+            self.local.pop()
+        return node
+
+    def visit_FunctionDef(self, node):
+        return self._scope(node, node.args)
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_Lambda(self, node):
+        return self._scope(node, node.args)
+
+    def visit_Global(self, node: ast.Global) -> ast.AST:
+        kept = [n for n in node.names if n not in self.names]
+        if len(kept) == len(node.names):
+            return node
+        self.count += 1
+        return ast.copy_location(ast.Global(names=kept), node) if kept \
+            else ast.copy_location(ast.Pass(), node)
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        if node.id in self.names and node.id not in (self.local[-1] if self.local else ()):
+            self.count += 1
+            self.lines.add(node.lineno)
+            return ast.copy_location(self._slot(node.id, node.ctx), node)
+        return node
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+        dotted = _dotted(node)
+        if dotted in self.attributes:
+            self.count += 1
+            return ast.copy_location(self._slot(self.attributes[dotted], node.ctx), node)
+        self.generic_visit(node)
+        return node
+
+    def _slot(self, name: str, ctx: ast.expr_context) -> ast.Attribute:
+        return ast.Attribute(value=ast.Name(id=self.via, ctx=ast.Load()), attr=name, ctx=ctx)
+
+
+def _dotted(node: ast.AST) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        return ".".join([node.id] + parts[::-1])
+    return None
+
+
+def _own_nodes(scope: ast.AST, kind: type):
+    """Nodes of ``kind`` in this scope, not in scopes nested in it."""
+    stack = list(ast.iter_child_nodes(scope))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, kind):
+            yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            stack += list(ast.iter_child_nodes(node))
+
+
+def _bound_names(scope: ast.AST, args: ast.arguments | None) -> set[str]:
+    bound = set()
+    if args is not None:
+        every = args.posonlyargs + args.args + args.kwonlyargs + \
+            [a for a in (args.vararg, args.kwarg) if a is not None]
+        bound |= {a.arg for a in every}
+    for node in _own_nodes(scope, ast.AST):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            bound.add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+    return bound

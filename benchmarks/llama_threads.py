@@ -1,0 +1,163 @@
+"""The real client: N threads, each a small random LlamaForCausalLM with
+``attn_implementation="flex_attention"`` (transformers), cycling sequence
+lengths from a cold cache.  Per mode (stock, one lock around every step,
+fxguard), each in a fresh process with its own inductor cache:
+
+- time until every thread has stepped once, and until every thread has run
+  every sequence length once (all shapes compiled);
+- steps per thread, errors;
+- uncompiled flex_attention calls: transformers picks the unfused
+  flex_attention whenever ``torch.compiler.is_compiling()`` reads True
+  (counted at transformers' own check, which another thread's compile flips
+  on torch >= 2.13 without fxguard).
+
+No download: the model is built from a config.  Needs ``transformers``.
+
+    python benchmarks/llama_threads.py [--device cuda] [--threads 3] [--seconds 40] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+MODES = ("stock", "serialized", "fxguard")
+SEQ_LENS = {"cpu": (64, 96, 128, 160), "cuda": (256, 512, 768, 1024, 1536, 2048)}
+
+
+def child(mode: str, device: str, threads: int, seconds: float, out: str) -> None:
+    import torch
+    import transformers
+    from transformers.integrations import flex_attention as tf_flex
+
+    if mode == "fxguard":
+        import fxguard
+        fxguard.install()
+    fallbacks = [0]
+    check = tf_flex.is_torchdynamo_compiling
+
+    def counting_check() -> bool:  # transformers' choice between compiled and unfused flex
+        answer = check()
+        fallbacks[0] += bool(answer)
+        return answer
+
+    tf_flex.is_torchdynamo_compiling = counting_check
+    lock = threading.Lock() if mode == "serialized" else None
+    train = device != "cpu"  # CPU flex_attention has no backward
+    seq_lens = SEQ_LENS["cuda" if train else "cpu"]
+    config = transformers.LlamaConfig(vocab_size=1000, hidden_size=256, intermediate_size=512,
+                                      num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=4, max_position_embeddings=4096)
+    start = time.perf_counter()
+    first, all_shapes, steps, errors = {}, {}, [0] * threads, []
+    stop = threading.Event()
+
+    def drafter(i: int) -> None:
+        torch.manual_seed(i)
+        model = transformers.LlamaForCausalLM._from_config(config, attn_implementation="flex_attention")
+        model.to(device).train(train)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        seen = set()
+        n = 0
+        while not stop.is_set():
+            seq = seq_lens[n % len(seq_lens)]
+            ids = torch.randint(0, 1000, (1, seq), device=device)
+            try:
+                if lock:
+                    with lock:
+                        step(model, opt, ids)
+                else:
+                    step(model, opt, ids)
+            except Exception as e:
+                errors.append(f"{type(e).__name__}: {str(e).splitlines()[0][:120]}")
+                if len(errors) > 200:
+                    stop.set()
+            n += 1
+            steps[i] += 1
+            first.setdefault(i, time.perf_counter() - start)
+            seen.add(seq)
+            if len(seen) == len(seq_lens):
+                all_shapes.setdefault(i, time.perf_counter() - start)
+
+    def step(model, opt, ids) -> None:
+        if train:
+            model(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            torch.cuda.synchronize(ids.device)
+        else:
+            with torch.no_grad():
+                model(input_ids=ids)
+
+    workers = [threading.Thread(target=drafter, args=(i,), daemon=True) for i in range(threads)]
+    for t in workers:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in workers:
+        t.join(300)
+    result = {
+        "mode": mode, "train": train, "steps_per_thread": steps,
+        "time_until_all_stepped_s": round(max(first.values()), 2) if len(first) == threads else None,
+        "time_until_all_shapes_s": round(max(all_shapes.values()), 2) if len(all_shapes) == threads else None,
+        "errors": len(errors), "error_kinds": sorted(set(errors))[:5],
+        "uncompiled_flex_calls": fallbacks[0],
+        "gpu_peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if train else None,
+    }
+    with open(out, "w") as f:
+        json.dump(result, f)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=30)
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--json")
+    p.add_argument("--child")
+    p.add_argument("--out")
+    args = p.parse_args()
+    if args.child:
+        child(args.child, args.device, args.threads, args.seconds, args.out)
+        return 0
+    import datetime
+    import platform
+
+    import torch
+    report = {"versions": {"date": datetime.date.today().isoformat(), "torch": torch.__version__,
+                           "python": platform.python_version(), "cpus": os.cpu_count(),
+                           "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
+              "args": {k: v for k, v in vars(args).items() if k not in ("child", "out")}, "modes": {}}
+    for mode in args.modes.split(","):
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "r.json")
+            env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"),
+                       TRITON_CACHE_DIR=os.path.join(tmp, "triton"), TORCHINDUCTOR_FX_GRAPH_CACHE="0")
+            proc = subprocess.run([sys.executable, __file__, "--child", mode, "--device", args.device,
+                                   "--threads", str(args.threads), "--seconds", str(args.seconds),
+                                   "--out", out], env=env, capture_output=True, text=True,
+                                  timeout=args.seconds + 600)
+            r = json.load(open(out)) if proc.returncode == 0 and os.path.exists(out) else \
+                {"mode": mode, "status": "failed", "detail": (proc.stdout + proc.stderr)[-2000:]}
+        report["modes"][mode] = r
+        print(json.dumps(r), flush=True)
+    ours, lock = report["modes"].get("fxguard", {}), report["modes"].get("serialized", {})
+    if ours.get("time_until_all_stepped_s") and lock.get("time_until_all_stepped_s"):
+        report["fxguard_vs_serialized_time_until_all_stepped"] = round(
+            ours["time_until_all_stepped_s"] / lock["time_until_all_stepped_s"], 3)
+        print("time until all stepped, fxguard / serialized:",
+              report["fxguard_vs_serialized_time_until_all_stepped"])
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+    return 0 if all("status" not in m for m in report["modes"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

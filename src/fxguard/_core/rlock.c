@@ -8,6 +8,20 @@
 #include "fxguard.h"
 #include <time.h>
 
+/* Weak references.  From 3.12 the VM keeps an object's weakref list in front
+ * of it (Py_TPFLAGS_MANAGED_WEAKREF); 3.10 and 3.11 need a field in the
+ * struct, whose offset a type made from a spec declares with a
+ * "__weaklistoffset__" entry in Py_tp_members.  This is the one version shim
+ * for it. */
+#if PY_VERSION_HEX >= 0x030C0000
+#  define FXG_MANAGED_WEAKREF 1
+#  define FXG_WEAKREF_FLAG Py_TPFLAGS_MANAGED_WEAKREF
+#else
+#  define FXG_MANAGED_WEAKREF 0
+#  define FXG_WEAKREF_FLAG 0
+#  include <structmember.h> /* T_PYSSIZET, READONLY */
+#endif
+
 typedef struct {
     PyObject_HEAD
     unsigned long owner;       /* thread ident, 0 when free */
@@ -19,6 +33,9 @@ typedef struct {
     unsigned long long contended;
     long long wait_ns_total;
     long long wait_ns_max;
+#if !FXG_MANAGED_WEAKREF
+    PyObject *weakreflist;
+#endif
 } RLockObject;
 
 static long long
@@ -59,11 +76,29 @@ rlock_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     return (PyObject *)self;
 }
 
+/* A heap type's instances own a reference to it, and the type one to the
+ * module: visiting the type lets the collector free a module object (one
+ * imported a second time, say) together with the locks in its dict. */
+static int
+rlock_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    return 0;
+}
+
 static void
 rlock_dealloc(PyObject *self)
 {
     RLockObject *o = (RLockObject *)self;
     PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+#if FXG_MANAGED_WEAKREF
+    PyObject_ClearWeakRefs(self);
+#else
+    if (o->weakreflist != NULL) {
+        PyObject_ClearWeakRefs(self);
+    }
+#endif
     if (o->wakeup != NULL) {
         PyThread_free_lock(o->wakeup);
     }
@@ -342,9 +377,20 @@ static PyMethodDef rlock_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+#if !FXG_MANAGED_WEAKREF
+static PyMemberDef rlock_members[] = {
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(RLockObject, weakreflist), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+#endif
+
 static PyType_Slot rlock_slots[] = {
     {Py_tp_new, rlock_new},
     {Py_tp_dealloc, rlock_dealloc},
+    {Py_tp_traverse, rlock_traverse},
+#if !FXG_MANAGED_WEAKREF
+    {Py_tp_members, rlock_members},
+#endif
     {Py_tp_methods, rlock_methods},
     {Py_tp_repr, rlock_repr},
     {Py_tp_doc, "RLock()\n--\n\nRe-entrant lock (owner + count) that releases the GIL while waiting."},
@@ -354,6 +400,7 @@ static PyType_Slot rlock_slots[] = {
 PyType_Spec fxg_rlock_spec = {
     .name = "fxguard._core.RLock",
     .basicsize = sizeof(RLockObject),
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_HAVE_GC |
+             FXG_WEAKREF_FLAG,
     .slots = rlock_slots,
 };

@@ -64,3 +64,59 @@ def test_weak_references():
     assert ref() is lock and len(registry) == 1
     del lock
     assert ref() is None and len(registry) == 0
+
+
+# -- arguments, as threading checks them ------------------------------------------------
+
+
+def test_constructor_takes_no_arguments():
+    with pytest.raises(TypeError):
+        fxguard.RLock(1)
+    with pytest.raises(TypeError):
+        fxguard.RLock(x=1)
+
+
+@pytest.mark.parametrize("args, kwargs, error", [
+    ((False, 1), {}, ValueError),                  # a timeout for a non-blocking call
+    ((), {"blocking": False, "timeout": 0}, ValueError),
+    ((True, -2), {}, ValueError),                  # negative, other than -1
+    ((True, -0.5), {}, ValueError),
+    ((), {"timeout": float("nan")}, ValueError),
+    ((), {"timeout": threading.TIMEOUT_MAX * 2}, OverflowError),
+    ((), {"timeout": float("inf")}, OverflowError),
+    ((), {"timeout": 10 ** 400}, OverflowError),
+    ((), {"timeout": "1"}, TypeError),
+    ((), {"timeout": None}, TypeError),
+    ((True, 1, 2), {}, TypeError),                 # too many arguments
+    ((), {"wait": 1}, TypeError),
+    ((True,), {"blocking": True}, TypeError),
+])
+def test_acquire_rejects_what_threading_rejects(lock, args, kwargs, error):
+    reference = threading.RLock()
+    with pytest.raises(error):
+        reference.acquire(*args, **kwargs)
+    with pytest.raises(error):
+        lock.acquire(*args, **kwargs)
+    assert not lock.locked() and lock.stats()["acquisitions"] == 0
+
+
+def test_acquire_accepts_what_threading_accepts(lock):
+    for args, kwargs in [((), {}), ((True,), {}), ((1, -1), {}), ((False, -1), {}), ((False,), {}),
+                         ((), {"timeout": 0}), ((), {"timeout": 1e-9}), ((), {"timeout": 5}),
+                         ((), {"blocking": 0}), ((), {"timeout": threading.TIMEOUT_MAX})]:
+        assert lock.acquire(*args, **kwargs) is True, (args, kwargs)
+    assert lock.stats()["depth"] == 10
+    for _ in range(10):
+        lock.release()
+    assert not lock.locked()
+
+
+def test_methods_have_signatures(lock):
+    import inspect
+    assert str(inspect.signature(lock.acquire)) == "(blocking=True, timeout=-1)"
+    assert str(inspect.signature(type(lock).acquire)) == "(self, /, blocking=True, timeout=-1)"
+    assert str(inspect.signature(lock.__exit__)) == "(*exc_info)"
+    assert str(inspect.signature(fxguard.RLock)) == "()"
+    for name in ("release", "__enter__", "locked", "_is_owned", "stats", "reset_stats",
+                 "_at_fork_reinit"):
+        assert str(inspect.signature(getattr(lock, name))) == "()", name

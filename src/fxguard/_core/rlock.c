@@ -6,6 +6,7 @@
  * every Python thread.  Only a thread that must wait touches the OS
  * semaphore, and it releases the GIL while it sleeps on it. */
 #include "fxguard.h"
+#include <math.h>
 #include <time.h>
 
 /* Weak references.  From 3.12 the VM keeps an object's weakref list in front
@@ -44,6 +45,19 @@ now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* Seconds beyond which a timeout does not fit 64-bit nanoseconds. */
+#define NS_LIMIT_S ((double)LLONG_MAX / 1e9)
+
+/* now + timeout, or -1 (no deadline) for no timeout or one too far to add. */
+static long long
+deadline_after(long long now, long long timeout_ns)
+{
+    if (timeout_ns < 0 || timeout_ns > LLONG_MAX - now) {
+        return -1;
+    }
+    return now + timeout_ns;
 }
 
 static PyThread_type_lock
@@ -109,10 +123,10 @@ rlock_dealloc(PyObject *self)
 /* Wait until the lock is free and take it.  Returns 1 acquired, 0 timed out,
  * -1 with an exception (a signal handler raised). */
 static int
-acquire_contended(RLockObject *o, unsigned long me, PY_TIMEOUT_T timeout_us)
+acquire_contended(RLockObject *o, unsigned long me, long long timeout_ns)
 {
     long long start = now_ns();
-    long long deadline = timeout_us < 0 ? -1 : start + (long long)timeout_us * 1000;
+    long long deadline = deadline_after(start, timeout_ns);
     int got = 0;
     o->waiters++;
     while (o->owner != 0) {
@@ -122,7 +136,7 @@ acquire_contended(RLockObject *o, unsigned long me, PY_TIMEOUT_T timeout_us)
             if (left <= 0) {
                 break;
             }
-            wait_us = (PY_TIMEOUT_T)(left / 1000);
+            wait_us = (PY_TIMEOUT_T)((left + 999) / 1000);
         }
         PyLockStatus r;
         Py_BEGIN_ALLOW_THREADS
@@ -152,7 +166,7 @@ acquire_contended(RLockObject *o, unsigned long me, PY_TIMEOUT_T timeout_us)
 
 /* 1 acquired, 0 not, -1 error. */
 static int
-rlock_acquire_impl(RLockObject *o, int blocking, PY_TIMEOUT_T timeout_us)
+rlock_acquire_impl(RLockObject *o, int blocking, long long timeout_ns)
 {
     unsigned long me = PyThread_get_thread_ident();
     if (o->owner == me) {
@@ -173,11 +187,65 @@ rlock_acquire_impl(RLockObject *o, int blocking, PY_TIMEOUT_T timeout_us)
     if (!blocking) {
         return 0;
     }
-    int r = acquire_contended(o, me, timeout_us);
+    int r = acquire_contended(o, me, timeout_ns);
     if (r == 1) {
         o->acquisitions++;
     }
     return r;
+}
+
+/* acquire()'s arguments, checked as _thread's locks check them (CPython's
+ * lock_acquire_parse_args and _PyTime_FromSecondsObject): NaN is a ValueError;
+ * a value that does not fit 64-bit nanoseconds, or exceeds PY_TIMEOUT_MAX
+ * (threading.TIMEOUT_MAX), an OverflowError; a timeout with blocking=False,
+ * or a negative one other than -1, a ValueError; a non-number a TypeError.
+ * One difference: any object float() accepts is taken (threading takes int
+ * and float only).  *timeout_ns is -1 for "no timeout". */
+static int
+parse_acquire_args(PyObject *blocking_obj, PyObject *timeout_obj, int *blocking,
+                   long long *timeout_ns)
+{
+    *timeout_ns = -1;
+    *blocking = PyObject_IsTrue(blocking_obj);
+    if (*blocking < 0) {
+        return -1;
+    }
+    if (timeout_obj == NULL) {
+        return 0;
+    }
+    double t = PyFloat_AsDouble(timeout_obj);
+    if (t == -1.0 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (isnan(t)) {
+        PyErr_SetString(PyExc_ValueError, "Invalid value NaN (not a number)");
+        return -1;
+    }
+    if (!(t > -NS_LIMIT_S && t < NS_LIMIT_S)) {
+        PyErr_SetString(PyExc_OverflowError, "timeout value is too large");
+        return -1;
+    }
+    if (t == -1.0) {
+        return 0;
+    }
+    if (!*blocking) {
+        PyErr_SetString(PyExc_ValueError, "can't specify a timeout for a non-blocking call");
+        return -1;
+    }
+    if (t < 0) {
+        PyErr_SetString(PyExc_ValueError, "timeout value must be a non-negative number");
+        return -1;
+    }
+    if (t * 1e6 > (double)PY_TIMEOUT_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "timeout value is too large");
+        return -1;
+    }
+    double ns = t * 1e9;
+    *timeout_ns = (long long)ns;
+    if ((double)*timeout_ns < ns) {
+        (*timeout_ns)++; /* round up, as CPython does for timeouts */
+    }
+    return 0;
 }
 
 static PyObject *
@@ -216,33 +284,12 @@ rlock_acquire(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject 
         blocking_obj = vals[0];
     }
     timeout_obj = vals[1];
-    int blocking = PyObject_IsTrue(blocking_obj);
-    if (blocking < 0) {
+    int blocking;
+    long long timeout_ns;
+    if (parse_acquire_args(blocking_obj, timeout_obj, &blocking, &timeout_ns) < 0) {
         return NULL;
     }
-    PY_TIMEOUT_T timeout_us = -1;
-    if (timeout_obj != NULL) {
-        double t = PyFloat_AsDouble(timeout_obj);
-        if (t == -1.0 && PyErr_Occurred()) {
-            return NULL;
-        }
-        if (!blocking && t != -1.0) {
-            PyErr_SetString(PyExc_ValueError, "can't specify a timeout for a non-blocking call");
-            return NULL;
-        }
-        if (t < 0 && t != -1.0) {
-            PyErr_SetString(PyExc_ValueError, "timeout value must be a non-negative number");
-            return NULL;
-        }
-        if (t >= 0) {
-            if (t * 1e6 > (double)PY_TIMEOUT_MAX) {
-                PyErr_SetString(PyExc_OverflowError, "timeout value is too large");
-                return NULL;
-            }
-            timeout_us = (PY_TIMEOUT_T)(t * 1e6);
-        }
-    }
-    int r = rlock_acquire_impl((RLockObject *)self, blocking, timeout_us);
+    int r = rlock_acquire_impl((RLockObject *)self, blocking, timeout_ns);
     if (r < 0) {
         return NULL;
     }
@@ -360,20 +407,31 @@ rlock_repr(PyObject *self)
                                 o->owner ? "locked" : "unlocked", o->owner, o->count, self);
 }
 
+/* Docstrings start with text signatures, so inspect.signature() works. */
 static PyMethodDef rlock_methods[] = {
     {"acquire", (PyCFunction)(void (*)(void))rlock_acquire, METH_FASTCALL | METH_KEYWORDS,
-     "acquire(blocking=True, timeout=-1) -> bool\n\nLike threading.RLock.acquire; "
-     "the GIL is released while waiting."},
+     "acquire($self, /, blocking=True, timeout=-1)\n--\n\n"
+     "Like threading.RLock.acquire: True once the calling thread holds the lock\n"
+     "(again, if it already did), False if blocking is false or the timeout passed.\n"
+     "The GIL is released while waiting."},
     {"release", rlock_release, METH_NOARGS,
-     "release()\n\nRaises RuntimeError unless the calling thread owns the lock."},
-    {"__enter__", rlock_enter, METH_NOARGS, NULL},
-    {"__exit__", (PyCFunction)(void (*)(void))rlock_exit, METH_FASTCALL, NULL},
-    {"locked", rlock_locked, METH_NOARGS, "True while any thread holds the lock."},
-    {"_is_owned", rlock_is_owned, METH_NOARGS, "True if the calling thread holds the lock."},
+     "release($self, /)\n--\n\n"
+     "Undo one acquire().  RuntimeError unless the calling thread holds the lock."},
+    {"__enter__", rlock_enter, METH_NOARGS,
+     "__enter__($self, /)\n--\n\nacquire(), blocking without timeout."},
+    {"__exit__", (PyCFunction)(void (*)(void))rlock_exit, METH_FASTCALL,
+     "__exit__($self, /, *exc_info)\n--\n\nrelease()."},
+    {"locked", rlock_locked, METH_NOARGS,
+     "locked($self, /)\n--\n\nTrue while any thread holds the lock."},
+    {"_is_owned", rlock_is_owned, METH_NOARGS,
+     "_is_owned($self, /)\n--\n\nTrue if the calling thread holds the lock."},
     {"stats", rlock_stats, METH_NOARGS,
-     "stats() -> dict: acquisitions, contended, wait_ns_total, wait_ns_max, owner, depth, waiters."},
-    {"reset_stats", rlock_reset_stats, METH_NOARGS, "Zero the counters of stats()."},
-    {"_at_fork_reinit", rlock_at_fork_reinit, METH_NOARGS, "Reset after fork (child side)."},
+     "stats($self, /)\n--\n\n"
+     "dict: acquisitions, contended, wait_ns_total, wait_ns_max, owner, depth, waiters."},
+    {"reset_stats", rlock_reset_stats, METH_NOARGS,
+     "reset_stats($self, /)\n--\n\nZero the counters of stats()."},
+    {"_at_fork_reinit", rlock_at_fork_reinit, METH_NOARGS,
+     "_at_fork_reinit($self, /)\n--\n\nReset after fork (child side)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -7,6 +7,7 @@ Every wait is bounded; no test takes more than a few seconds.
 import gc
 import importlib.util
 import threading
+import time
 import weakref
 
 import pytest
@@ -117,6 +118,111 @@ def test_methods_have_signatures(lock):
     assert str(inspect.signature(type(lock).acquire)) == "(self, /, blocking=True, timeout=-1)"
     assert str(inspect.signature(lock.__exit__)) == "(*exc_info)"
     assert str(inspect.signature(fxguard.RLock)) == "()"
+    assert str(inspect.signature(lock._acquire_restore)) == "(state, /)"
     for name in ("release", "__enter__", "locked", "_is_owned", "stats", "reset_stats",
-                 "_at_fork_reinit"):
+                 "_at_fork_reinit", "_release_save", "_recursion_count"):
         assert str(inspect.signature(getattr(lock, name))) == "()", name
+
+
+# -- threading.Condition ---------------------------------------------------------------
+
+
+def test_release_save_and_acquire_restore(lock):
+    me = threading.get_ident()
+    with pytest.raises(RuntimeError):
+        lock._release_save()
+    lock.acquire()
+    lock.acquire()
+    assert lock._recursion_count() == 2
+    state = lock._release_save()
+    assert state == (2, me) and not lock.locked() and not lock._is_owned()
+    assert lock._recursion_count() == 0
+    lock._acquire_restore(state)
+    assert lock._is_owned() and lock.stats()["depth"] == 2
+    with pytest.raises(RuntimeError):  # already held: an error, not a deadlock
+        lock._acquire_restore(state)
+    lock.release()
+    lock.release()
+    assert not lock.locked()
+    for bad in (None, (1,), (0, me), ("1", me)):
+        with pytest.raises((TypeError, ValueError)):
+            lock._acquire_restore(bad)
+
+
+def test_release_save_by_non_owner_raises(lock):
+    lock.acquire()
+    errors = []
+
+    def other():
+        try:
+            lock._release_save()
+        except RuntimeError as e:
+            errors.append(e)
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join(5)
+    assert len(errors) == 1 and lock._is_owned()
+    lock.release()
+
+
+def test_condition_wait_with_the_lock_held_twice(lock):
+    cond = threading.Condition(lock)
+    ready, notified = [], threading.Event()
+
+    def notifier():
+        # Can only get in while the waiter's wait() has let go of both levels.
+        assert lock.acquire(timeout=5)
+        with cond:
+            ready.append(True)
+            cond.notify()
+        lock.release()
+        notified.set()
+
+    with cond:
+        with cond:
+            t = threading.Thread(target=notifier)
+            t.start()
+            assert cond.wait_for(lambda: ready, timeout=5)
+            assert lock._is_owned() and lock.stats()["depth"] == 2
+        assert lock._is_owned() and lock.stats()["depth"] == 1
+    t.join(5)
+    assert notified.is_set() and not lock.locked() and lock.stats()["waiters"] == 0
+
+
+def test_condition_wait_times_out_and_restores(lock):
+    cond = threading.Condition(lock)
+    with cond:
+        with cond:
+            assert cond.wait(timeout=0.05) is False
+            assert lock.stats()["depth"] == 2
+    assert not lock.locked()
+
+
+def test_condition_restore_waits_for_another_holder(lock):
+    """notify() wakes the waiter while the notifier still holds the lock: the waiter's
+    _acquire_restore() must wait for it (its contended path)."""
+    cond = threading.Condition(lock)
+    entered, order = threading.Event(), []
+
+    def waiter():
+        with cond:
+            with cond:
+                entered.set()
+                notified = cond.wait(timeout=5)
+                order.append(("waiter back", notified, lock.stats()["depth"]))
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    assert entered.wait(5)
+    with cond:  # only possible once the waiter's wait() let go of both levels
+        cond.notify()
+        deadline = time.monotonic() + 5
+        while lock.stats()["waiters"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)  # the waiter is woken, and blocks in _acquire_restore()
+        assert lock.stats()["waiters"] == 1
+        order.append("notifier lets go")
+    t.join(5)
+    assert not t.is_alive()
+    assert order == ["notifier lets go", ("waiter back", True, 2)]
+    assert lock.stats()["waiters"] == 0 and not lock.locked()

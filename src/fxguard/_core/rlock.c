@@ -27,8 +27,9 @@ typedef struct {
     PyObject_HEAD
     unsigned long owner;       /* thread ident, 0 when free */
     unsigned long count;       /* re-entrancy depth of the owner */
-    Py_ssize_t waiters;        /* threads sleeping on wakeup */
+    Py_ssize_t waiters;        /* threads in wait_and_take() */
     PyThread_type_lock wakeup; /* posted by release() when waiters > 0 */
+    int posted;                /* wakeup holds a post nobody has taken yet */
     /* statistics */
     unsigned long long acquisitions;
     unsigned long long contended;
@@ -120,40 +121,64 @@ rlock_dealloc(PyObject *self)
     Py_DECREF(tp);
 }
 
-/* Wait until the lock is free and take it.  Returns 1 acquired, 0 timed out,
- * -1 with an exception (a signal handler raised). */
+/* Post the wakeup, unless a post is already waiting to be taken.  With the
+ * flag the semaphore never counts above one, on every platform (a POSIX
+ * semaphore would otherwise pile up posts, each a spurious wakeup later). */
+static void
+wake_one(RLockObject *o)
+{
+    if (!o->posted) {
+        o->posted = 1;
+        PyThread_release_lock(o->wakeup);
+    }
+}
+
+/* Wait until the lock is free, then take it for `me`.  Returns 1 taken, 0
+ * timed out, -1 with an exception set (a signal handler raised).  timeout_ns
+ * -1 waits without a deadline.  interruptible 0 (for _acquire_restore, as
+ * CPython's) waits through signals, leaving them to the eval loop.
+ *
+ * Whoever wakes re-checks the owner under the GIL: a thread that never waited
+ * may have taken the lock first (no hand-off, as in CPython), and then the
+ * waiter sleeps again until that thread's release posts the wakeup. */
 static int
-acquire_contended(RLockObject *o, unsigned long me, long long timeout_ns)
+wait_and_take(RLockObject *o, unsigned long me, long long timeout_ns, int interruptible)
 {
     long long start = now_ns();
     long long deadline = deadline_after(start, timeout_ns);
-    int got = 0;
+    int result;
     o->waiters++;
-    while (o->owner != 0) {
+    for (;;) {
+        if (o->owner == 0) {
+            result = 1;
+            break;
+        }
         PY_TIMEOUT_T wait_us = -1;
         if (deadline >= 0) {
             long long left = deadline - now_ns();
             if (left <= 0) {
+                result = 0;
                 break;
             }
             wait_us = (PY_TIMEOUT_T)((left + 999) / 1000);
         }
         PyLockStatus r;
         Py_BEGIN_ALLOW_THREADS
-        r = PyThread_acquire_lock_timed(o->wakeup, wait_us, 1);
+        r = PyThread_acquire_lock_timed(o->wakeup, wait_us, interruptible);
         Py_END_ALLOW_THREADS
-        if (r == PY_LOCK_INTR && Py_MakePendingCalls() < 0) {
-            o->waiters--;
-            return -1;
+        if (r == PY_LOCK_ACQUIRED) {
+            o->posted = 0; /* this thread took the post */
         }
-        /* PY_LOCK_ACQUIRED consumed one wakeup; loop to re-check the owner,
-         * since a thread that never waited may have taken the lock first. */
+        else if (r == PY_LOCK_INTR && Py_MakePendingCalls() < 0) {
+            result = -1;
+            break;
+        }
     }
     o->waiters--;
-    if (o->owner == 0) {
+    if (result == 1) {
         o->owner = me;
         o->count = 1;
-        got = 1;
+        o->acquisitions++;
         long long waited = now_ns() - start;
         o->contended++;
         o->wait_ns_total += waited;
@@ -161,7 +186,10 @@ acquire_contended(RLockObject *o, unsigned long me, long long timeout_ns)
             o->wait_ns_max = waited;
         }
     }
-    return got;
+    else if (o->owner == 0 && o->waiters > 0) {
+        wake_one(o); /* leaving without the lock: pass on a post this thread took */
+    }
+    return result;
 }
 
 /* 1 acquired, 0 not, -1 error. */
@@ -187,11 +215,7 @@ rlock_acquire_impl(RLockObject *o, int blocking, long long timeout_ns)
     if (!blocking) {
         return 0;
     }
-    int r = acquire_contended(o, me, timeout_ns);
-    if (r == 1) {
-        o->acquisitions++;
-    }
-    return r;
+    return wait_and_take(o, me, timeout_ns, 1);
 }
 
 /* acquire()'s arguments, checked as _thread's locks check them (CPython's
@@ -306,7 +330,7 @@ rlock_release_impl(RLockObject *o)
     if (--o->count == 0) {
         o->owner = 0;
         if (o->waiters > 0) {
-            PyThread_release_lock(o->wakeup);
+            wake_one(o);
         }
     }
     return 0;
@@ -345,6 +369,78 @@ rlock_is_owned(PyObject *self, PyObject *Py_UNUSED(ignored))
 {
     RLockObject *o = (RLockObject *)self;
     return PyBool_FromLong(o->count > 0 && o->owner == PyThread_get_thread_ident());
+}
+
+/* threading.Condition's protocol (as _thread.RLock's): _release_save() lets
+ * go of every level the calling thread holds and returns (count, owner);
+ * _acquire_restore(state) takes the lock back at that depth.  Stricter than
+ * CPython in two ways: _release_save() checks the owner, not only the count,
+ * and _acquire_restore() by a thread that already holds the lock raises
+ * instead of deadlocking. */
+static PyObject *
+rlock_release_save(PyObject *self, PyObject *Py_UNUSED(ignored))
+{
+    RLockObject *o = (RLockObject *)self;
+    if (o->count == 0 || o->owner != PyThread_get_thread_ident()) {
+        PyErr_SetString(PyExc_RuntimeError, "cannot release un-acquired lock");
+        return NULL;
+    }
+    PyObject *state = Py_BuildValue("(kk)", o->count, o->owner);
+    if (state == NULL) {
+        return NULL;
+    }
+    o->count = 0;
+    o->owner = 0;
+    if (o->waiters > 0) {
+        wake_one(o);
+    }
+    return state;
+}
+
+/* Like CPython's it waits through signals: Condition.wait() calls it in a
+ * finally block, and must come out holding the lock.  A KeyboardInterrupt
+ * that arrives meanwhile is raised by the eval loop right after. */
+static PyObject *
+rlock_acquire_restore(PyObject *self, PyObject *state)
+{
+    RLockObject *o = (RLockObject *)self;
+    if (!PyTuple_Check(state) || PyTuple_GET_SIZE(state) != 2) {
+        PyErr_SetString(PyExc_TypeError, "_acquire_restore() expects a (count, owner) tuple");
+        return NULL;
+    }
+    unsigned long count = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(state, 0));
+    if (count == (unsigned long)-1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    unsigned long owner = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(state, 1));
+    if (owner == (unsigned long)-1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (count == 0 || owner == 0) {
+        PyErr_SetString(PyExc_ValueError, "_acquire_restore(): count and owner must be non-zero");
+        return NULL;
+    }
+    unsigned long me = PyThread_get_thread_ident();
+    if (o->owner == me) {
+        PyErr_SetString(PyExc_RuntimeError, "_acquire_restore(): the lock is already held");
+        return NULL;
+    }
+    if (o->owner == 0) {
+        o->acquisitions++;
+    }
+    else if (wait_and_take(o, me, -1, 0) != 1) {
+        return NULL; /* cannot happen: no deadline, not interruptible */
+    }
+    o->owner = owner;
+    o->count = count;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+rlock_recursion_count(PyObject *self, PyObject *Py_UNUSED(ignored))
+{
+    RLockObject *o = (RLockObject *)self;
+    return PyLong_FromUnsignedLong(o->owner == PyThread_get_thread_ident() ? o->count : 0);
 }
 
 static PyObject *
@@ -393,6 +489,7 @@ rlock_at_fork_reinit(PyObject *self, PyObject *Py_UNUSED(ignored))
     /* The old semaphore may be in any state; leak it rather than free a lock
      * another (now vanished) thread may have been blocked on. */
     o->wakeup = fresh;
+    o->posted = 0;
     o->owner = 0;
     o->count = 0;
     o->waiters = 0;
@@ -425,6 +522,16 @@ static PyMethodDef rlock_methods[] = {
      "locked($self, /)\n--\n\nTrue while any thread holds the lock."},
     {"_is_owned", rlock_is_owned, METH_NOARGS,
      "_is_owned($self, /)\n--\n\nTrue if the calling thread holds the lock."},
+    {"_release_save", rlock_release_save, METH_NOARGS,
+     "_release_save($self, /)\n--\n\n"
+     "For threading.Condition: release every level the calling thread holds;\n"
+     "returns the state for _acquire_restore()."},
+    {"_acquire_restore", rlock_acquire_restore, METH_O,
+     "_acquire_restore($self, state, /)\n--\n\n"
+     "For threading.Condition: take the lock back as _release_save() left it."},
+    {"_recursion_count", rlock_recursion_count, METH_NOARGS,
+     "_recursion_count($self, /)\n--\n\n"
+     "How many times the calling thread holds the lock (0 if it does not)."},
     {"stats", rlock_stats, METH_NOARGS,
      "stats($self, /)\n--\n\n"
      "dict: acquisitions, contended, wait_ns_total, wait_ns_max, owner, depth, waiters."},

@@ -6,6 +6,7 @@ Every wait is bounded; no test takes more than a few seconds.
 """
 import gc
 import importlib.util
+import os
 import threading
 import time
 import weakref
@@ -226,3 +227,115 @@ def test_condition_restore_waits_for_another_holder(lock):
     assert not t.is_alive()
     assert order == ["notifier lets go", ("waiter back", True, 2)]
     assert lock.stats()["waiters"] == 0 and not lock.locked()
+
+
+# -- fork: every lock, not only block_mask_lock ------------------------------------------
+
+needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+
+
+def exit_code_of_child(check) -> int:
+    """Fork; the child exits 0 if check() is true.  Bounded: the child's checks use
+    timeouts, and a child still running after 10 s is killed."""
+    pid = os.fork()
+    if pid == 0:
+        code = 3
+        try:
+            code = 0 if check() else 1
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    return -9
+
+
+def holder(lock):
+    """A thread holding lock (twice) until released; returns (thread, release event)."""
+    held, done = threading.Event(), threading.Event()
+
+    def run():
+        with lock, lock:
+            held.set()
+            done.wait(10)
+
+    t = threading.Thread(target=run)
+    t.start()
+    assert held.wait(5)
+    return t, done
+
+
+@needs_fork
+def test_fork_while_another_thread_holds_a_fresh_lock(lock):
+    t, done = holder(lock)
+    try:
+        def child():
+            free = not lock.locked() and lock.stats()["owner"] is None
+            return free and lock.acquire(timeout=2) and lock._is_owned() and lock.stats()["depth"] == 1
+        assert exit_code_of_child(child) == 0
+        assert lock.locked() and not lock._is_owned()  # the parent's holder still holds it
+    finally:
+        done.set()
+        t.join(5)
+    assert not lock.locked()
+
+
+@needs_fork
+def test_fork_while_a_thread_waits_in_acquire(lock):
+    t, done = holder(lock)
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(lock.acquire(timeout=5) and (lock.release() or True)))
+    waiter.start()
+    try:
+        deadline = time.monotonic() + 5
+        while lock.stats()["waiters"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert lock.stats()["waiters"] == 1
+
+        def child():
+            s = lock.stats()
+            if s["waiters"] != 0 or s["owner"] is not None:
+                return False
+            with lock:  # uses the fresh semaphore; a second thread contends on it
+                other = []
+                t2 = threading.Thread(target=lambda: other.append(lock.acquire(timeout=2)))
+                t2.start()
+                time.sleep(0.05)
+            t2.join(3)
+            return other == [True] and lock.stats()["waiters"] == 0
+        assert exit_code_of_child(child) == 0
+    finally:
+        done.set()
+        t.join(5)
+        waiter.join(5)
+    assert got == [True] and lock.stats()["waiters"] == 0 and not lock.locked()
+
+
+@needs_fork
+def test_fork_by_the_holder_keeps_its_hold(lock):
+    with lock, lock:
+        def child():
+            ok = lock._is_owned() and lock.stats()["depth"] == 2
+            lock.release()
+            lock.release()
+            return ok and not lock.locked()
+        assert exit_code_of_child(child) == 0
+        assert lock.stats()["depth"] == 2
+    assert not lock.locked()
+
+
+@needs_fork
+def test_fork_resets_locks_of_a_second_module_object():
+    module = fresh_core_module()
+    lock = module.RLock()
+    t, done = holder(lock)
+    try:
+        assert exit_code_of_child(lambda: lock.acquire(timeout=2)) == 0
+    finally:
+        done.set()
+        t.join(5)

@@ -171,7 +171,8 @@ core_exec(PyObject *module)
     if (st->cell_key == NULL || st->kept_cells == NULL) {
         return -1;
     }
-    if (add_type(module, &fxg_cell_spec, &st->cell_type, NULL) < 0 ||
+    if (fxg_rlock_module_exec(st) < 0 ||
+        add_type(module, &fxg_cell_spec, &st->cell_type, NULL) < 0 ||
         add_type(module, &fxg_fx_tracing_spec, &st->fx_tracing_type, "fx_tracing") < 0 ||
         add_type(module, &fxg_rlock_spec, &st->rlock_type, "RLock") < 0) {
         return -1;
@@ -200,6 +201,7 @@ core_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->cell_type);
     Py_VISIT(st->fx_tracing_type);
     Py_VISIT(st->rlock_type);
+    Py_VISIT(st->rlock_registry);
     return 0;
 }
 
@@ -213,6 +215,7 @@ core_clear(PyObject *module)
     Py_CLEAR(st->cell_type);
     Py_CLEAR(st->fx_tracing_type);
     Py_CLEAR(st->rlock_type);
+    Py_CLEAR(st->rlock_registry);
     return 0;
 }
 

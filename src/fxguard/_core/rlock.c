@@ -23,7 +23,21 @@
 #  include <structmember.h> /* T_PYSSIZET, READONLY */
 #endif
 
+typedef struct RLockObject RLockObject;
+
+/* Every live RLock of one module object, so that a forked child can reset
+ * them all (after_fork_child).  It lives in a capsule that the module state
+ * and each lock hold a reference to: the list head must outlive every lock
+ * on it, whatever order the collector tears a module, its type and its locks
+ * down in (type_clear drops a type's module before its instances go).
+ * Touched only under the GIL. */
 typedef struct {
+    RLockObject *head;
+} rlock_registry;
+
+#define REGISTRY_CAPSULE "fxguard._core.rlock_registry"
+
+struct RLockObject {
     PyObject_HEAD
     unsigned long owner;       /* thread ident, 0 when free */
     unsigned long count;       /* re-entrancy depth of the owner */
@@ -35,10 +49,14 @@ typedef struct {
     unsigned long long contended;
     long long wait_ns_total;
     long long wait_ns_max;
+    /* on the registry's list while alive */
+    PyObject *registry_capsule; /* strong reference to the capsule of reg */
+    rlock_registry *reg;
+    RLockObject *prev, *next;
 #if !FXG_MANAGED_WEAKREF
     PyObject *weakreflist;
 #endif
-} RLockObject;
+};
 
 static long long
 now_ns(void)
@@ -79,6 +97,18 @@ rlock_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_TypeError, "RLock() takes no arguments");
         return NULL;
     }
+    fxg_state *st = fxg_state_of_type(type);
+    if (st == NULL) {
+        return NULL;
+    }
+    if (st->rlock_registry == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "fxguard._core has been torn down");
+        return NULL;
+    }
+    rlock_registry *reg = PyCapsule_GetPointer(st->rlock_registry, REGISTRY_CAPSULE);
+    if (reg == NULL) {
+        return NULL;
+    }
     RLockObject *self = (RLockObject *)type->tp_alloc(type, 0);
     if (self == NULL) {
         return NULL;
@@ -88,6 +118,13 @@ rlock_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         Py_DECREF(self);
         return PyErr_NoMemory();
     }
+    self->registry_capsule = Py_NewRef(st->rlock_registry);
+    self->reg = reg;
+    self->next = reg->head;
+    if (reg->head != NULL) {
+        reg->head->prev = self;
+    }
+    reg->head = self;
     return (PyObject *)self;
 }
 
@@ -114,6 +151,18 @@ rlock_dealloc(PyObject *self)
         PyObject_ClearWeakRefs(self);
     }
 #endif
+    if (o->reg != NULL) {
+        if (o->prev != NULL) {
+            o->prev->next = o->next;
+        }
+        else {
+            o->reg->head = o->next;
+        }
+        if (o->next != NULL) {
+            o->next->prev = o->prev;
+        }
+    }
+    Py_XDECREF(o->registry_capsule); /* after unlinking: it may free the registry */
     if (o->wakeup != NULL) {
         PyThread_free_lock(o->wakeup);
     }
@@ -174,7 +223,9 @@ wait_and_take(RLockObject *o, unsigned long me, long long timeout_ns, int interr
             break;
         }
     }
-    o->waiters--;
+    if (o->waiters > 0) { /* 0 if a signal handler forked: the child's reset counted us out */
+        o->waiters--;
+    }
     if (result == 1) {
         o->owner = me;
         o->count = 1;
@@ -476,23 +527,64 @@ rlock_reset_stats(PyObject *self, PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
-/* In a child forked while another thread held the lock, that thread does not
- * exist: start over with a free lock and a fresh semaphore. */
+/* Fork.  A child has one thread, the one that forked.  Other threads' holds
+ * on a lock would never be released there, and a thread that was waiting may
+ * have been inside the semaphore: after_fork_child(), registered with
+ * os.register_at_fork() for every module object, resets every live lock of
+ * that module.  A lock the forking thread holds stays held, at its depth (so
+ * `with lock: os.fork()` releases cleanly in the child); any other is free.
+ * The semaphore is replaced where a thread was waiting, and the old one
+ * leaked on purpose, as CPython's _PyThread_at_fork_reinit does: it may be in
+ * any state.  Where nobody waited it is idle (every other use of it is under
+ * the GIL, which the forking thread holds) and is kept. */
+static int
+reset_in_child(RLockObject *o, unsigned long me, int keep_own)
+{
+    int ok = 1;
+    if (o->waiters > 0 || !keep_own) {
+        PyThread_type_lock fresh = new_wakeup();
+        if (fresh != NULL) {
+            o->wakeup = fresh;
+            o->posted = 0;
+        }
+        else {
+            ok = 0; /* keep the old one: better than none */
+        }
+    }
+    o->waiters = 0;
+    if (!keep_own || o->owner != me) {
+        o->owner = 0;
+        o->count = 0;
+    }
+    return ok;
+}
+
+static PyObject *
+after_fork_child(PyObject *capsule, PyObject *Py_UNUSED(ignored))
+{
+    rlock_registry *reg = PyCapsule_GetPointer(capsule, REGISTRY_CAPSULE);
+    if (reg == NULL) {
+        return NULL;
+    }
+    unsigned long me = PyThread_get_thread_ident();
+    int ok = 1;
+    for (RLockObject *o = reg->head; o != NULL; o = o->next) {
+        ok &= reset_in_child(o, me, 1);
+    }
+    if (!ok) {
+        return PyErr_NoMemory();
+    }
+    Py_RETURN_NONE;
+}
+
+/* _thread.RLock's method of that name, kept for callers that use it: it
+ * frees the lock whoever holds it.  fxguard calls after_fork_child(). */
 static PyObject *
 rlock_at_fork_reinit(PyObject *self, PyObject *Py_UNUSED(ignored))
 {
-    RLockObject *o = (RLockObject *)self;
-    PyThread_type_lock fresh = new_wakeup();
-    if (fresh == NULL) {
+    if (!reset_in_child((RLockObject *)self, 0, 0)) {
         return PyErr_NoMemory();
     }
-    /* The old semaphore may be in any state; leak it rather than free a lock
-     * another (now vanished) thread may have been blocked on. */
-    o->wakeup = fresh;
-    o->posted = 0;
-    o->owner = 0;
-    o->count = 0;
-    o->waiters = 0;
     Py_RETURN_NONE;
 }
 
@@ -538,7 +630,9 @@ static PyMethodDef rlock_methods[] = {
     {"reset_stats", rlock_reset_stats, METH_NOARGS,
      "reset_stats($self, /)\n--\n\nZero the counters of stats()."},
     {"_at_fork_reinit", rlock_at_fork_reinit, METH_NOARGS,
-     "_at_fork_reinit($self, /)\n--\n\nReset after fork (child side)."},
+     "_at_fork_reinit($self, /)\n--\n\n"
+     "In a forked child: free the lock and give it a fresh semaphore.  fxguard\n"
+     "already resets every RLock after fork; this is for threading's callers."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -569,3 +663,65 @@ PyType_Spec fxg_rlock_spec = {
              FXG_WEAKREF_FLAG,
     .slots = rlock_slots,
 };
+
+static void
+registry_free(PyObject *capsule)
+{
+    PyMem_Free(PyCapsule_GetPointer(capsule, REGISTRY_CAPSULE));
+}
+
+static PyMethodDef after_fork_def = {
+    "_reset_rlocks_after_fork", after_fork_child, METH_NOARGS,
+    "_reset_rlocks_after_fork()\n--\n\n"
+    "Forked child: free every fxguard RLock the forking thread does not hold.",
+};
+
+/* os.register_at_fork(after_in_child=<after_fork_child bound to capsule>).
+ * The hook holds the capsule, not the module, so a module object can still
+ * be collected; os keeps the hook (a few bytes) for good. */
+static int
+register_after_fork(PyObject *capsule)
+{
+    PyObject *os = PyImport_ImportModule("os");
+    if (os == NULL) {
+        return -1;
+    }
+    PyObject *register_at_fork = PyObject_GetAttrString(os, "register_at_fork");
+    Py_DECREF(os);
+    if (register_at_fork == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            PyErr_Clear(); /* no fork() on this platform */
+            return 0;
+        }
+        return -1;
+    }
+    PyObject *hook = PyCFunction_New(&after_fork_def, capsule);
+    PyObject *args = PyTuple_New(0);
+    PyObject *kwargs = hook ? Py_BuildValue("{s:O}", "after_in_child", hook) : NULL;
+    PyObject *r = (args && kwargs) ? PyObject_Call(register_at_fork, args, kwargs) : NULL;
+    Py_XDECREF(hook);
+    Py_XDECREF(args);
+    Py_XDECREF(kwargs);
+    Py_DECREF(register_at_fork);
+    if (r == NULL) {
+        return -1;
+    }
+    Py_DECREF(r);
+    return 0;
+}
+
+int
+fxg_rlock_module_exec(fxg_state *st)
+{
+    rlock_registry *reg = PyMem_Calloc(1, sizeof(*reg));
+    if (reg == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    st->rlock_registry = PyCapsule_New(reg, REGISTRY_CAPSULE, registry_free);
+    if (st->rlock_registry == NULL) {
+        PyMem_Free(reg);
+        return -1;
+    }
+    return register_after_fork(st->rlock_registry);
+}

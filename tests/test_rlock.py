@@ -7,7 +7,9 @@ Every wait is bounded; no test takes more than a few seconds.
 import gc
 import importlib.util
 import os
+import signal
 import threading
+import traceback
 import time
 import weakref
 
@@ -339,3 +341,119 @@ def test_fork_resets_locks_of_a_second_module_object():
     finally:
         done.set()
         t.join(5)
+
+
+# -- KeyboardInterrupt while waiting in acquire() ----------------------------------------
+
+
+def wait_for_waiters(lock, n):
+    deadline = time.monotonic() + 5
+    while lock.stats()["waiters"] != n and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert lock.stats()["waiters"] == n
+
+
+def async_raise(thread, exc):
+    import ctypes
+    set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+    set_async_exc.argtypes = (ctypes.c_ulong, ctypes.py_object)
+    assert set_async_exc(thread.ident, exc) == 1
+
+
+@pytest.mark.parametrize("how", ["acquire()", "acquire(timeout=4)", "with"])
+def test_async_keyboard_interrupt_wakes_a_blocked_acquire(lock, how):
+    outcome, other = [], []
+
+    def waiter():
+        try:
+            if how == "with":
+                with lock:
+                    outcome.append("acquired")
+            else:
+                outcome.append(lock.acquire(timeout=4 if "timeout" in how else -1))
+        except KeyboardInterrupt as e:
+            outcome.append(e)
+
+    def bystander():  # waits too: must still get the lock once it is free
+        other.append(lock.acquire(timeout=4))
+        lock.release()
+
+    lock.acquire()
+    t = threading.Thread(target=waiter, daemon=True)
+    try:
+        t.start()
+        wait_for_waiters(lock, 1)
+        b = threading.Thread(target=bystander, daemon=True)
+        b.start()
+        wait_for_waiters(lock, 2)
+        start = time.monotonic()
+        async_raise(t, KeyboardInterrupt)
+        t.join(2)
+        assert not t.is_alive() and time.monotonic() - start < 1
+    finally:
+        lock.release()  # lets an unwoken waiter finish rather than hang
+        t.join(5)
+    b.join(5)
+    assert len(outcome) == 1 and isinstance(outcome[0], KeyboardInterrupt), outcome
+    assert other == [True]
+    frames = traceback.extract_tb(outcome[0].__traceback__)
+    assert frames[-1].name == "waiter" and all("fxguard" not in f.filename for f in frames)
+    s = lock.stats()
+    assert s["waiters"] == 0 and s["owner"] is None and s["depth"] == 0
+    assert s["acquisitions"] == 2 and s["contended"] == 1  # this thread's and the bystander's
+    assert lock.acquire(timeout=1)
+    lock.release()
+
+
+def sigint_from_another_thread(how):
+    if how == "raise_signal":  # delivered to the calling thread, never the main one
+        signal.raise_signal(signal.SIGINT)
+    else:
+        os.kill(os.getpid(), signal.SIGINT)  # to the process: any thread may get it
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(),
+                    reason="signals are handled in the main thread")
+@pytest.mark.parametrize("how", ["raise_signal", "kill"])
+def test_sigint_interrupts_the_main_thread_waiting_in_acquire(lock, how):
+    t, done = holder(lock)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timer = threading.Timer(0.1, sigint_from_another_thread, args=(how,))
+    interrupted_after = None
+    try:
+        start = time.monotonic()
+        timer.start()
+        try:
+            lock.acquire(timeout=4)
+        except KeyboardInterrupt:
+            interrupted_after = time.monotonic() - start
+        timer.join(5)
+    except KeyboardInterrupt:  # late: after acquire() gave up
+        pass
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        done.set()
+        t.join(5)
+    assert interrupted_after is not None and interrupted_after < 1.5, interrupted_after
+    s = lock.stats()
+    assert s["waiters"] == 0 and not lock.locked() and s["contended"] == 0
+
+
+def test_waiting_runs_no_python_code_unless_an_exception_is_pending(lock):
+    """The slices of a wait are invisible to a profiler: the tick that delivers an
+    asynchronous exception runs only when one is pending."""
+    import sys
+    seen, result = set(), []
+
+    def waiter():
+        sys.setprofile(lambda frame, event, arg: seen.add(frame.f_code.co_filename))
+        try:
+            result.append(lock.acquire(timeout=0.2))  # several slices
+        finally:
+            sys.setprofile(None)
+
+    with lock:
+        t = threading.Thread(target=waiter)
+        t.start()
+        t.join(5)
+    assert result == [False] and not any("fxguard" in f for f in seen), seen

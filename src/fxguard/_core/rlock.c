@@ -33,6 +33,8 @@ typedef struct RLockObject RLockObject;
  * Touched only under the GIL. */
 typedef struct {
     RLockObject *head;
+    PyObject *tick;         /* code object of "None", and its globals: */
+    PyObject *tick_globals; /* see deliver_pending() */
 } rlock_registry;
 
 #define REGISTRY_CAPSULE "fxguard._core.rlock_registry"
@@ -182,19 +184,104 @@ wake_one(RLockObject *o)
     }
 }
 
-/* Wait until the lock is free, then take it for `me`.  Returns 1 taken, 0
- * timed out, -1 with an exception set (a signal handler raised).  timeout_ns
- * -1 waits without a deadline.  interruptible 0 (for _acquire_restore, as
- * CPython's) waits through signals, leaving them to the eval loop.
+/* Interrupts while waiting.
  *
- * Whoever wakes re-checks the owner under the GIL: a thread that never waited
- * may have taken the lock first (no hand-off, as in CPython), and then the
- * waiter sleeps again until that thread's release posts the wakeup. */
+ * CPython's lock.acquire() sleeps in one OS wait and only wakes early when a
+ * signal interrupts that wait (EINTR, then Py_MakePendingCalls runs the
+ * handlers).  So it never sees an exception set with
+ * PyThreadState_SetAsyncExc() (the eval loop raises that one only when the
+ * thread runs bytecode again), nor a SIGINT the kernel delivered to another
+ * thread than the waiting main thread (Python's C handler only sets a flag).
+ *
+ * fxguard's RLock waits in slices instead: 5 ms, doubling to 50 ms.  Between
+ * slices, with the GIL, deliver_pending() runs signal handlers and pending
+ * calls, and raises an asynchronous exception aimed at this thread.  So
+ * KeyboardInterrupt (from a signal or from SetAsyncExc) reaches a blocked
+ * acquire() within about 50 ms, and a lost wakeup could never stall a waiter
+ * longer than a slice.  The price: a waiting thread takes the GIL about 20
+ * times a second (a release still wakes it at once, through the semaphore).
+ * _acquire_restore() waits in one piece, without delivering anything. */
+#define SLICE_FIRST_US 5000
+#define SLICE_MAX_US 50000
+
+/* The exception came out of the tick's frame: drop that frame from its
+ * traceback, which then starts in the caller of acquire() as with any other
+ * error raised by a C function. */
+static void
+drop_tick_frame(void)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject *exc = PyErr_GetRaisedException();
+    PyObject *tb = exc ? PyException_GetTraceback(exc) : NULL;
+    if (tb != NULL) {
+        PyObject *rest = PyObject_GetAttrString(tb, "tb_next");
+        if (rest != NULL) {
+            PyException_SetTraceback(exc, rest);
+            Py_DECREF(rest);
+        }
+        else {
+            PyErr_Clear();
+        }
+        Py_DECREF(tb);
+    }
+    PyErr_SetRaisedException(exc);
+#else
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    if (tb != NULL) {
+        PyObject *rest = PyObject_GetAttrString(tb, "tb_next");
+        if (rest != NULL) {
+            Py_DECREF(tb);
+            tb = rest;
+            if (tb == Py_None) {
+                Py_DECREF(tb);
+                tb = NULL;
+            }
+        }
+        else {
+            PyErr_Clear();
+        }
+    }
+    PyErr_Restore(type, value, tb);
+#endif
+}
+
+/* Between two slices of a wait (GIL held): 0, or -1 with the exception a
+ * signal handler, a pending call or PyThreadState_SetAsyncExc raised.
+ *
+ * An asynchronous exception sits in the thread state until the eval loop
+ * raises it, and clearing the flags that tell the eval loop to look is not
+ * possible from outside CPython (on 3.10/3.11 a stale flag would keep every
+ * thread on the loop's slow path).  So when one is pending (the public
+ * PyThreadState field async_exc, read under the GIL) the thread runs a
+ * one-instruction code object: the eval loop checks its breaker on entry
+ * (RESUME from 3.11, the first instruction on 3.10), raises the exception and
+ * clears the flags itself.  Only then, so a tracer or profiler never sees the
+ * tick otherwise. */
+static int
+deliver_pending(RLockObject *o)
+{
+    if (PyErr_CheckSignals() < 0 || Py_MakePendingCalls() < 0) {
+        return -1;
+    }
+    if (PyThreadState_Get()->async_exc == NULL) {
+        return 0;
+    }
+    PyObject *r = PyEval_EvalCode(o->reg->tick, o->reg->tick_globals, o->reg->tick_globals);
+    if (r == NULL) {
+        drop_tick_frame();
+        return -1;
+    }
+    Py_DECREF(r);
+    return 0;
+}
+
 static int
 wait_and_take(RLockObject *o, unsigned long me, long long timeout_ns, int interruptible)
 {
     long long start = now_ns();
     long long deadline = deadline_after(start, timeout_ns);
+    PY_TIMEOUT_T slice_us = SLICE_FIRST_US;
     int result;
     o->waiters++;
     for (;;) {
@@ -202,14 +289,17 @@ wait_and_take(RLockObject *o, unsigned long me, long long timeout_ns, int interr
             result = 1;
             break;
         }
-        PY_TIMEOUT_T wait_us = -1;
+        PY_TIMEOUT_T wait_us = interruptible ? slice_us : -1;
         if (deadline >= 0) {
             long long left = deadline - now_ns();
             if (left <= 0) {
                 result = 0;
                 break;
             }
-            wait_us = (PY_TIMEOUT_T)((left + 999) / 1000);
+            left = (left + 999) / 1000;
+            if (wait_us < 0 || left < (long long)wait_us) {
+                wait_us = (PY_TIMEOUT_T)left;
+            }
         }
         PyLockStatus r;
         Py_BEGIN_ALLOW_THREADS
@@ -218,9 +308,14 @@ wait_and_take(RLockObject *o, unsigned long me, long long timeout_ns, int interr
         if (r == PY_LOCK_ACQUIRED) {
             o->posted = 0; /* this thread took the post */
         }
-        else if (r == PY_LOCK_INTR && Py_MakePendingCalls() < 0) {
-            result = -1;
-            break;
+        else if (interruptible) {
+            if (deliver_pending(o) < 0) {
+                result = -1;
+                break;
+            }
+            if (slice_us < SLICE_MAX_US) {
+                slice_us = slice_us * 2 < SLICE_MAX_US ? slice_us * 2 : SLICE_MAX_US;
+            }
         }
     }
     if (o->waiters > 0) { /* 0 if a signal handler forked: the child's reset counted us out */
@@ -667,7 +762,12 @@ PyType_Spec fxg_rlock_spec = {
 static void
 registry_free(PyObject *capsule)
 {
-    PyMem_Free(PyCapsule_GetPointer(capsule, REGISTRY_CAPSULE));
+    rlock_registry *reg = PyCapsule_GetPointer(capsule, REGISTRY_CAPSULE);
+    if (reg != NULL) {
+        Py_XDECREF(reg->tick);
+        Py_XDECREF(reg->tick_globals);
+        PyMem_Free(reg);
+    }
 }
 
 static PyMethodDef after_fork_def = {
@@ -721,6 +821,12 @@ fxg_rlock_module_exec(fxg_state *st)
     st->rlock_registry = PyCapsule_New(reg, REGISTRY_CAPSULE, registry_free);
     if (st->rlock_registry == NULL) {
         PyMem_Free(reg);
+        return -1;
+    }
+    /* Empty globals: the eval loop falls back to the interpreter's builtins. */
+    reg->tick = Py_CompileString("None", "<fxguard.RLock.acquire>", Py_eval_input);
+    reg->tick_globals = PyDict_New();
+    if (reg->tick == NULL || reg->tick_globals == NULL) {
         return -1;
     }
     return register_after_fork(st->rlock_registry);

@@ -457,3 +457,38 @@ def test_waiting_runs_no_python_code_unless_an_exception_is_pending(lock):
         t.start()
         t.join(5)
     assert result == [False] and not any("fxguard" in f for f in seen), seen
+
+
+# -- a thread that exits holding the lock -----------------------------------------------
+
+
+def test_a_thread_that_exits_holding_the_lock_leaves_it_held(lock):
+    """As CPython's RLock does (the choice is documented at the top of rlock.c)."""
+    def take_twice(some_lock):
+        some_lock.acquire()
+        some_lock.acquire()
+
+    t = threading.Thread(target=take_twice, args=(lock,))
+    t.start()
+    t.join(5)
+    s = lock.stats()
+    assert lock.locked() and s["owner"] == t.ident and s["depth"] == 2 and not lock._is_owned()
+    assert lock.acquire(timeout=0.05) is False
+    with pytest.raises(RuntimeError):
+        lock.release()
+    assert lock.stats()["waiters"] == 0
+
+    reference = threading.RLock()
+    t = threading.Thread(target=take_twice, args=(reference,))
+    t.start()
+    t.join(5)
+    assert reference.acquire(timeout=0.05) is False  # the same with threading's
+
+
+@needs_fork
+def test_a_fork_frees_a_lock_whose_owner_exited(lock):
+    t = threading.Thread(target=lock.acquire)
+    t.start()
+    t.join(5)
+    assert lock.locked()
+    assert exit_code_of_child(lambda: lock.acquire(timeout=2)) == 0

@@ -4,7 +4,23 @@
  * uncontended path takes no OS lock at all: owner, count and the number of
  * waiters are only touched while holding the GIL, which already serialises
  * every Python thread.  Only a thread that must wait touches the OS
- * semaphore, and it releases the GIL while it sleeps on it. */
+ * semaphore, and it releases the GIL while it sleeps on it.  (On a
+ * free-threaded 3.13t build, importing the module turns the GIL back on, as
+ * it does not declare Py_mod_gil, unless PYTHON_GIL=0 forces it off, which
+ * this lock does not support.)
+ *
+ * It stands in for threading.RLock, threading.Condition's protocol included.
+ * Where it differs: a blocked acquire() wakes for KeyboardInterrupt (see
+ * "Interrupts while waiting"), and a forked child resets every lock (see
+ * "Fork").
+ *
+ * A thread that exits while holding the lock leaves it held, at its depth,
+ * for good: as with CPython's RLock, nothing notices the owner is gone.
+ * Other threads' acquire() blocks or times out, release() raises for them.
+ * Releasing on the owner's exit would hand out the lock while the data it
+ * guards may be half-updated; detecting the exit would cost the fast path.
+ * As in CPython, a later thread that the OS gives the dead thread's ident is
+ * taken for the owner.  Only a fork clears such a hold (in the child). */
 #include "fxguard.h"
 #include <math.h>
 #include <time.h>

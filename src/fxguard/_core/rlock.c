@@ -292,6 +292,15 @@ deliver_pending(RLockObject *o)
     return 0;
 }
 
+/* Wait until the lock is free, then take it for `me`.  Returns 1 taken, 0
+ * timed out, -1 with an exception set (see deliver_pending).  timeout_ns -1
+ * waits without a deadline.  interruptible 0 (for _acquire_restore, as
+ * CPython's) waits in one piece through signals, leaving them to the eval
+ * loop.
+ *
+ * Whoever wakes re-checks the owner under the GIL: a thread that never waited
+ * may have taken the lock first (no hand-off, as in CPython), and then the
+ * waiter sleeps again until that thread's release posts the wakeup. */
 static int
 wait_and_take(RLockObject *o, unsigned long me, long long timeout_ns, int interruptible)
 {
@@ -317,9 +326,10 @@ wait_and_take(RLockObject *o, unsigned long me, long long timeout_ns, int interr
                 wait_us = (PY_TIMEOUT_T)left;
             }
         }
+        PyThread_type_lock wakeup = o->wakeup; /* read under the GIL */
         PyLockStatus r;
         Py_BEGIN_ALLOW_THREADS
-        r = PyThread_acquire_lock_timed(o->wakeup, wait_us, interruptible);
+        r = PyThread_acquire_lock_timed(wakeup, wait_us, interruptible);
         Py_END_ALLOW_THREADS
         if (r == PY_LOCK_ACQUIRED) {
             o->posted = 0; /* this thread took the post */

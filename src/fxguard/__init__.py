@@ -7,7 +7,6 @@
 """
 from __future__ import annotations
 
-import os
 import sys
 import threading
 from typing import Any
@@ -31,9 +30,8 @@ _installed: dict[str, Any] | None = None  # layout, options, rows, workers while
 get_original = patches.get_original
 is_object_patched = patches.is_object_patched
 
-if hasattr(os, "register_at_fork"):
-    # A child forked while another thread held the lock must get a usable one.
-    os.register_at_fork(after_in_child=block_mask_lock._at_fork_reinit)
+# Fork: the C core resets every fxguard.RLock in the child (rlock.c), so a lock
+# held by a thread that the child does not have is free there.
 
 
 def install(**options: bool) -> dict:

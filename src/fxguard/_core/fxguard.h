@@ -58,6 +58,7 @@ typedef struct {
     PyTypeObject *slot_view_type;
     PyTypeObject *fx_tracing_type;
     PyTypeObject *rlock_type;
+    PyObject *rlock_registry;  /* capsule: the live RLocks, reset after fork (rlock.c) */
 } fxg_state;
 
 /* thread_record.c */
@@ -81,6 +82,8 @@ extern PyType_Spec fxg_fx_tracing_spec;
 
 /* rlock.c */
 extern PyType_Spec fxg_rlock_spec;
+/* Before the first RLock is made: its registry, and the after-fork hook. */
+int fxg_rlock_module_exec(fxg_state *st);  /* 0 or -1 */
 
 static inline fxg_state *
 fxg_state_of_type(PyTypeObject *tp)

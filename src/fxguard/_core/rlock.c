@@ -4,22 +4,77 @@
  * uncontended path takes no OS lock at all: owner, count and the number of
  * waiters are only touched while holding the GIL, which already serialises
  * every Python thread.  Only a thread that must wait touches the OS
- * semaphore, and it releases the GIL while it sleeps on it. */
+ * semaphore, and it releases the GIL while it sleeps on it.  (On a
+ * free-threaded 3.13t build, importing the module turns the GIL back on, as
+ * it does not declare Py_mod_gil, unless PYTHON_GIL=0 forces it off, which
+ * this lock does not support.)
+ *
+ * It stands in for threading.RLock, threading.Condition's protocol included.
+ * Where it differs: a blocked acquire() wakes for KeyboardInterrupt (see
+ * "Interrupts while waiting"), and a forked child resets every lock (see
+ * "Fork").
+ *
+ * A thread that exits while holding the lock leaves it held, at its depth,
+ * for good: as with CPython's RLock, nothing notices the owner is gone.
+ * Other threads' acquire() blocks or times out, release() raises for them.
+ * Releasing on the owner's exit would hand out the lock while the data it
+ * guards may be half-updated; detecting the exit would cost the fast path.
+ * As in CPython, a later thread that the OS gives the dead thread's ident is
+ * taken for the owner.  Only a fork clears such a hold (in the child). */
 #include "fxguard.h"
+#include <math.h>
 #include <time.h>
 
+/* Weak references.  From 3.12 the VM keeps an object's weakref list in front
+ * of it (Py_TPFLAGS_MANAGED_WEAKREF); 3.10 and 3.11 need a field in the
+ * struct, whose offset a type made from a spec declares with a
+ * "__weaklistoffset__" entry in Py_tp_members.  This is the one version shim
+ * for it. */
+#if PY_VERSION_HEX >= 0x030C0000
+#  define FXG_MANAGED_WEAKREF 1
+#  define FXG_WEAKREF_FLAG Py_TPFLAGS_MANAGED_WEAKREF
+#else
+#  define FXG_MANAGED_WEAKREF 0
+#  define FXG_WEAKREF_FLAG 0
+#  include <structmember.h> /* T_PYSSIZET, READONLY */
+#endif
+
+typedef struct RLockObject RLockObject;
+
+/* Every live RLock of one module object, so that a forked child can reset
+ * them all (after_fork_child).  It lives in a capsule that the module state
+ * and each lock hold a reference to: the list head must outlive every lock
+ * on it, whatever order the collector tears a module, its type and its locks
+ * down in (type_clear drops a type's module before its instances go).
+ * Touched only under the GIL. */
 typedef struct {
+    RLockObject *head;
+    PyObject *tick;         /* code object of "None", and its globals: */
+    PyObject *tick_globals; /* see deliver_pending() */
+} rlock_registry;
+
+#define REGISTRY_CAPSULE "fxguard._core.rlock_registry"
+
+struct RLockObject {
     PyObject_HEAD
     unsigned long owner;       /* thread ident, 0 when free */
     unsigned long count;       /* re-entrancy depth of the owner */
-    Py_ssize_t waiters;        /* threads sleeping on wakeup */
+    Py_ssize_t waiters;        /* threads in wait_and_take() */
     PyThread_type_lock wakeup; /* posted by release() when waiters > 0 */
+    int posted;                /* wakeup holds a post nobody has taken yet */
     /* statistics */
     unsigned long long acquisitions;
     unsigned long long contended;
     long long wait_ns_total;
     long long wait_ns_max;
-} RLockObject;
+    /* on the registry's list while alive */
+    PyObject *registry_capsule; /* strong reference to the capsule of reg */
+    rlock_registry *reg;
+    RLockObject *prev, *next;
+#if !FXG_MANAGED_WEAKREF
+    PyObject *weakreflist;
+#endif
+};
 
 static long long
 now_ns(void)
@@ -27,6 +82,19 @@ now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* Seconds beyond which a timeout does not fit 64-bit nanoseconds. */
+#define NS_LIMIT_S ((double)LLONG_MAX / 1e9)
+
+/* now + timeout, or -1 (no deadline) for no timeout or one too far to add. */
+static long long
+deadline_after(long long now, long long timeout_ns)
+{
+    if (timeout_ns < 0 || timeout_ns > LLONG_MAX - now) {
+        return -1;
+    }
+    return now + timeout_ns;
 }
 
 static PyThread_type_lock
@@ -47,6 +115,18 @@ rlock_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_TypeError, "RLock() takes no arguments");
         return NULL;
     }
+    fxg_state *st = fxg_state_of_type(type);
+    if (st == NULL) {
+        return NULL;
+    }
+    if (st->rlock_registry == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "fxguard._core has been torn down");
+        return NULL;
+    }
+    rlock_registry *reg = PyCapsule_GetPointer(st->rlock_registry, REGISTRY_CAPSULE);
+    if (reg == NULL) {
+        return NULL;
+    }
     RLockObject *self = (RLockObject *)type->tp_alloc(type, 0);
     if (self == NULL) {
         return NULL;
@@ -56,7 +136,24 @@ rlock_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         Py_DECREF(self);
         return PyErr_NoMemory();
     }
+    self->registry_capsule = Py_NewRef(st->rlock_registry);
+    self->reg = reg;
+    self->next = reg->head;
+    if (reg->head != NULL) {
+        reg->head->prev = self;
+    }
+    reg->head = self;
     return (PyObject *)self;
+}
+
+/* A heap type's instances own a reference to it, and the type one to the
+ * module: visiting the type lets the collector free a module object (one
+ * imported a second time, say) together with the locks in its dict. */
+static int
+rlock_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    return 0;
 }
 
 static void
@@ -64,6 +161,26 @@ rlock_dealloc(PyObject *self)
 {
     RLockObject *o = (RLockObject *)self;
     PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+#if FXG_MANAGED_WEAKREF
+    PyObject_ClearWeakRefs(self);
+#else
+    if (o->weakreflist != NULL) {
+        PyObject_ClearWeakRefs(self);
+    }
+#endif
+    if (o->reg != NULL) {
+        if (o->prev != NULL) {
+            o->prev->next = o->next;
+        }
+        else {
+            o->reg->head = o->next;
+        }
+        if (o->next != NULL) {
+            o->next->prev = o->prev;
+        }
+    }
+    Py_XDECREF(o->registry_capsule); /* after unlinking: it may free the registry */
     if (o->wakeup != NULL) {
         PyThread_free_lock(o->wakeup);
     }
@@ -71,40 +188,169 @@ rlock_dealloc(PyObject *self)
     Py_DECREF(tp);
 }
 
-/* Wait until the lock is free and take it.  Returns 1 acquired, 0 timed out,
- * -1 with an exception (a signal handler raised). */
+/* Post the wakeup, unless a post is already waiting to be taken.  With the
+ * flag the semaphore never counts above one, on every platform (a POSIX
+ * semaphore would otherwise pile up posts, each a spurious wakeup later). */
+static void
+wake_one(RLockObject *o)
+{
+    if (!o->posted) {
+        o->posted = 1;
+        PyThread_release_lock(o->wakeup);
+    }
+}
+
+/* Interrupts while waiting.
+ *
+ * CPython's lock.acquire() sleeps in one OS wait and only wakes early when a
+ * signal interrupts that wait (EINTR, then Py_MakePendingCalls runs the
+ * handlers).  So it never sees an exception set with
+ * PyThreadState_SetAsyncExc() (the eval loop raises that one only when the
+ * thread runs bytecode again), nor a SIGINT the kernel delivered to another
+ * thread than the waiting main thread (Python's C handler only sets a flag).
+ *
+ * fxguard's RLock waits in slices instead: 5 ms, doubling to 50 ms.  Between
+ * slices, with the GIL, deliver_pending() runs signal handlers and pending
+ * calls, and raises an asynchronous exception aimed at this thread.  So
+ * KeyboardInterrupt (from a signal or from SetAsyncExc) reaches a blocked
+ * acquire() within about 50 ms, and a lost wakeup could never stall a waiter
+ * longer than a slice.  The price: a waiting thread takes the GIL about 20
+ * times a second (a release still wakes it at once, through the semaphore).
+ * _acquire_restore() waits in one piece, without delivering anything. */
+#define SLICE_FIRST_US 5000
+#define SLICE_MAX_US 50000
+
+/* The exception came out of the tick's frame: drop that frame from its
+ * traceback, which then starts in the caller of acquire() as with any other
+ * error raised by a C function. */
+static void
+drop_tick_frame(void)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject *exc = PyErr_GetRaisedException();
+    PyObject *tb = exc ? PyException_GetTraceback(exc) : NULL;
+    if (tb != NULL) {
+        PyObject *rest = PyObject_GetAttrString(tb, "tb_next");
+        if (rest != NULL) {
+            PyException_SetTraceback(exc, rest);
+            Py_DECREF(rest);
+        }
+        else {
+            PyErr_Clear();
+        }
+        Py_DECREF(tb);
+    }
+    PyErr_SetRaisedException(exc);
+#else
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    if (tb != NULL) {
+        PyObject *rest = PyObject_GetAttrString(tb, "tb_next");
+        if (rest != NULL) {
+            Py_DECREF(tb);
+            tb = rest;
+            if (tb == Py_None) {
+                Py_DECREF(tb);
+                tb = NULL;
+            }
+        }
+        else {
+            PyErr_Clear();
+        }
+    }
+    PyErr_Restore(type, value, tb);
+#endif
+}
+
+/* Between two slices of a wait (GIL held): 0, or -1 with the exception a
+ * signal handler, a pending call or PyThreadState_SetAsyncExc raised.
+ *
+ * An asynchronous exception sits in the thread state until the eval loop
+ * raises it, and clearing the flags that tell the eval loop to look is not
+ * possible from outside CPython (on 3.10/3.11 a stale flag would keep every
+ * thread on the loop's slow path).  So when one is pending (the public
+ * PyThreadState field async_exc, read under the GIL) the thread runs a
+ * one-instruction code object: the eval loop checks its breaker on entry
+ * (RESUME from 3.11, the first instruction on 3.10), raises the exception and
+ * clears the flags itself.  Only then, so a tracer or profiler never sees the
+ * tick otherwise. */
 static int
-acquire_contended(RLockObject *o, unsigned long me, PY_TIMEOUT_T timeout_us)
+deliver_pending(RLockObject *o)
+{
+    if (PyErr_CheckSignals() < 0 || Py_MakePendingCalls() < 0) {
+        return -1;
+    }
+    if (PyThreadState_Get()->async_exc == NULL) {
+        return 0;
+    }
+    PyObject *r = PyEval_EvalCode(o->reg->tick, o->reg->tick_globals, o->reg->tick_globals);
+    if (r == NULL) {
+        drop_tick_frame();
+        return -1;
+    }
+    Py_DECREF(r);
+    return 0;
+}
+
+/* Wait until the lock is free, then take it for `me`.  Returns 1 taken, 0
+ * timed out, -1 with an exception set (see deliver_pending).  timeout_ns -1
+ * waits without a deadline.  interruptible 0 (for _acquire_restore, as
+ * CPython's) waits in one piece through signals, leaving them to the eval
+ * loop.
+ *
+ * Whoever wakes re-checks the owner under the GIL: a thread that never waited
+ * may have taken the lock first (no hand-off, as in CPython), and then the
+ * waiter sleeps again until that thread's release posts the wakeup. */
+static int
+wait_and_take(RLockObject *o, unsigned long me, long long timeout_ns, int interruptible)
 {
     long long start = now_ns();
-    long long deadline = timeout_us < 0 ? -1 : start + (long long)timeout_us * 1000;
-    int got = 0;
+    long long deadline = deadline_after(start, timeout_ns);
+    PY_TIMEOUT_T slice_us = SLICE_FIRST_US;
+    int result;
     o->waiters++;
-    while (o->owner != 0) {
-        PY_TIMEOUT_T wait_us = -1;
+    for (;;) {
+        if (o->owner == 0) {
+            result = 1;
+            break;
+        }
+        PY_TIMEOUT_T wait_us = interruptible ? slice_us : -1;
         if (deadline >= 0) {
             long long left = deadline - now_ns();
             if (left <= 0) {
+                result = 0;
                 break;
             }
-            wait_us = (PY_TIMEOUT_T)(left / 1000);
+            left = (left + 999) / 1000;
+            if (wait_us < 0 || left < (long long)wait_us) {
+                wait_us = (PY_TIMEOUT_T)left;
+            }
         }
+        PyThread_type_lock wakeup = o->wakeup; /* read under the GIL */
         PyLockStatus r;
         Py_BEGIN_ALLOW_THREADS
-        r = PyThread_acquire_lock_timed(o->wakeup, wait_us, 1);
+        r = PyThread_acquire_lock_timed(wakeup, wait_us, interruptible);
         Py_END_ALLOW_THREADS
-        if (r == PY_LOCK_INTR && Py_MakePendingCalls() < 0) {
-            o->waiters--;
-            return -1;
+        if (r == PY_LOCK_ACQUIRED) {
+            o->posted = 0; /* this thread took the post */
         }
-        /* PY_LOCK_ACQUIRED consumed one wakeup; loop to re-check the owner,
-         * since a thread that never waited may have taken the lock first. */
+        else if (interruptible) {
+            if (deliver_pending(o) < 0) {
+                result = -1;
+                break;
+            }
+            if (slice_us < SLICE_MAX_US) {
+                slice_us = slice_us * 2 < SLICE_MAX_US ? slice_us * 2 : SLICE_MAX_US;
+            }
+        }
     }
-    o->waiters--;
-    if (o->owner == 0) {
+    if (o->waiters > 0) { /* 0 if a signal handler forked: the child's reset counted us out */
+        o->waiters--;
+    }
+    if (result == 1) {
         o->owner = me;
         o->count = 1;
-        got = 1;
+        o->acquisitions++;
         long long waited = now_ns() - start;
         o->contended++;
         o->wait_ns_total += waited;
@@ -112,12 +358,15 @@ acquire_contended(RLockObject *o, unsigned long me, PY_TIMEOUT_T timeout_us)
             o->wait_ns_max = waited;
         }
     }
-    return got;
+    else if (o->owner == 0 && o->waiters > 0) {
+        wake_one(o); /* leaving without the lock: pass on a post this thread took */
+    }
+    return result;
 }
 
 /* 1 acquired, 0 not, -1 error. */
 static int
-rlock_acquire_impl(RLockObject *o, int blocking, PY_TIMEOUT_T timeout_us)
+rlock_acquire_impl(RLockObject *o, int blocking, long long timeout_ns)
 {
     unsigned long me = PyThread_get_thread_ident();
     if (o->owner == me) {
@@ -138,11 +387,61 @@ rlock_acquire_impl(RLockObject *o, int blocking, PY_TIMEOUT_T timeout_us)
     if (!blocking) {
         return 0;
     }
-    int r = acquire_contended(o, me, timeout_us);
-    if (r == 1) {
-        o->acquisitions++;
+    return wait_and_take(o, me, timeout_ns, 1);
+}
+
+/* acquire()'s arguments, checked as _thread's locks check them (CPython's
+ * lock_acquire_parse_args and _PyTime_FromSecondsObject): NaN is a ValueError;
+ * a value that does not fit 64-bit nanoseconds, or exceeds PY_TIMEOUT_MAX
+ * (threading.TIMEOUT_MAX), an OverflowError; a timeout with blocking=False,
+ * or a negative one other than -1, a ValueError; a non-number a TypeError.
+ * One difference: any object float() accepts is taken (threading takes int
+ * and float only).  *timeout_ns is -1 for "no timeout". */
+static int
+parse_acquire_args(PyObject *blocking_obj, PyObject *timeout_obj, int *blocking,
+                   long long *timeout_ns)
+{
+    *timeout_ns = -1;
+    *blocking = PyObject_IsTrue(blocking_obj);
+    if (*blocking < 0) {
+        return -1;
     }
-    return r;
+    if (timeout_obj == NULL) {
+        return 0;
+    }
+    double t = PyFloat_AsDouble(timeout_obj);
+    if (t == -1.0 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (isnan(t)) {
+        PyErr_SetString(PyExc_ValueError, "Invalid value NaN (not a number)");
+        return -1;
+    }
+    if (!(t > -NS_LIMIT_S && t < NS_LIMIT_S)) {
+        PyErr_SetString(PyExc_OverflowError, "timeout value is too large");
+        return -1;
+    }
+    if (t == -1.0) {
+        return 0;
+    }
+    if (!*blocking) {
+        PyErr_SetString(PyExc_ValueError, "can't specify a timeout for a non-blocking call");
+        return -1;
+    }
+    if (t < 0) {
+        PyErr_SetString(PyExc_ValueError, "timeout value must be a non-negative number");
+        return -1;
+    }
+    if (t * 1e6 > (double)PY_TIMEOUT_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "timeout value is too large");
+        return -1;
+    }
+    double ns = t * 1e9;
+    *timeout_ns = (long long)ns;
+    if ((double)*timeout_ns < ns) {
+        (*timeout_ns)++; /* round up, as CPython does for timeouts */
+    }
+    return 0;
 }
 
 static PyObject *
@@ -181,33 +480,12 @@ rlock_acquire(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject 
         blocking_obj = vals[0];
     }
     timeout_obj = vals[1];
-    int blocking = PyObject_IsTrue(blocking_obj);
-    if (blocking < 0) {
+    int blocking;
+    long long timeout_ns;
+    if (parse_acquire_args(blocking_obj, timeout_obj, &blocking, &timeout_ns) < 0) {
         return NULL;
     }
-    PY_TIMEOUT_T timeout_us = -1;
-    if (timeout_obj != NULL) {
-        double t = PyFloat_AsDouble(timeout_obj);
-        if (t == -1.0 && PyErr_Occurred()) {
-            return NULL;
-        }
-        if (!blocking && t != -1.0) {
-            PyErr_SetString(PyExc_ValueError, "can't specify a timeout for a non-blocking call");
-            return NULL;
-        }
-        if (t < 0 && t != -1.0) {
-            PyErr_SetString(PyExc_ValueError, "timeout value must be a non-negative number");
-            return NULL;
-        }
-        if (t >= 0) {
-            if (t * 1e6 > (double)PY_TIMEOUT_MAX) {
-                PyErr_SetString(PyExc_OverflowError, "timeout value is too large");
-                return NULL;
-            }
-            timeout_us = (PY_TIMEOUT_T)(t * 1e6);
-        }
-    }
-    int r = rlock_acquire_impl((RLockObject *)self, blocking, timeout_us);
+    int r = rlock_acquire_impl((RLockObject *)self, blocking, timeout_ns);
     if (r < 0) {
         return NULL;
     }
@@ -224,7 +502,7 @@ rlock_release_impl(RLockObject *o)
     if (--o->count == 0) {
         o->owner = 0;
         if (o->waiters > 0) {
-            PyThread_release_lock(o->wakeup);
+            wake_one(o);
         }
     }
     return 0;
@@ -265,6 +543,78 @@ rlock_is_owned(PyObject *self, PyObject *Py_UNUSED(ignored))
     return PyBool_FromLong(o->count > 0 && o->owner == PyThread_get_thread_ident());
 }
 
+/* threading.Condition's protocol (as _thread.RLock's): _release_save() lets
+ * go of every level the calling thread holds and returns (count, owner);
+ * _acquire_restore(state) takes the lock back at that depth.  Stricter than
+ * CPython in two ways: _release_save() checks the owner, not only the count,
+ * and _acquire_restore() by a thread that already holds the lock raises
+ * instead of deadlocking. */
+static PyObject *
+rlock_release_save(PyObject *self, PyObject *Py_UNUSED(ignored))
+{
+    RLockObject *o = (RLockObject *)self;
+    if (o->count == 0 || o->owner != PyThread_get_thread_ident()) {
+        PyErr_SetString(PyExc_RuntimeError, "cannot release un-acquired lock");
+        return NULL;
+    }
+    PyObject *state = Py_BuildValue("(kk)", o->count, o->owner);
+    if (state == NULL) {
+        return NULL;
+    }
+    o->count = 0;
+    o->owner = 0;
+    if (o->waiters > 0) {
+        wake_one(o);
+    }
+    return state;
+}
+
+/* Like CPython's it waits through signals: Condition.wait() calls it in a
+ * finally block, and must come out holding the lock.  A KeyboardInterrupt
+ * that arrives meanwhile is raised by the eval loop right after. */
+static PyObject *
+rlock_acquire_restore(PyObject *self, PyObject *state)
+{
+    RLockObject *o = (RLockObject *)self;
+    if (!PyTuple_Check(state) || PyTuple_GET_SIZE(state) != 2) {
+        PyErr_SetString(PyExc_TypeError, "_acquire_restore() expects a (count, owner) tuple");
+        return NULL;
+    }
+    unsigned long count = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(state, 0));
+    if (count == (unsigned long)-1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    unsigned long owner = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(state, 1));
+    if (owner == (unsigned long)-1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (count == 0 || owner == 0) {
+        PyErr_SetString(PyExc_ValueError, "_acquire_restore(): count and owner must be non-zero");
+        return NULL;
+    }
+    unsigned long me = PyThread_get_thread_ident();
+    if (o->owner == me) {
+        PyErr_SetString(PyExc_RuntimeError, "_acquire_restore(): the lock is already held");
+        return NULL;
+    }
+    if (o->owner == 0) {
+        o->acquisitions++;
+    }
+    else if (wait_and_take(o, me, -1, 0) != 1) {
+        return NULL; /* cannot happen: no deadline, not interruptible */
+    }
+    o->owner = owner;
+    o->count = count;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+rlock_recursion_count(PyObject *self, PyObject *Py_UNUSED(ignored))
+{
+    RLockObject *o = (RLockObject *)self;
+    return PyLong_FromUnsignedLong(o->owner == PyThread_get_thread_ident() ? o->count : 0);
+}
+
 static PyObject *
 rlock_locked(PyObject *self, PyObject *Py_UNUSED(ignored))
 {
@@ -298,22 +648,64 @@ rlock_reset_stats(PyObject *self, PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
-/* In a child forked while another thread held the lock, that thread does not
- * exist: start over with a free lock and a fresh semaphore. */
+/* Fork.  A child has one thread, the one that forked.  Other threads' holds
+ * on a lock would never be released there, and a thread that was waiting may
+ * have been inside the semaphore: after_fork_child(), registered with
+ * os.register_at_fork() for every module object, resets every live lock of
+ * that module.  A lock the forking thread holds stays held, at its depth (so
+ * `with lock: os.fork()` releases cleanly in the child); any other is free.
+ * The semaphore is replaced where a thread was waiting, and the old one
+ * leaked on purpose, as CPython's _PyThread_at_fork_reinit does: it may be in
+ * any state.  Where nobody waited it is idle (every other use of it is under
+ * the GIL, which the forking thread holds) and is kept. */
+static int
+reset_in_child(RLockObject *o, unsigned long me, int keep_own)
+{
+    int ok = 1;
+    if (o->waiters > 0 || !keep_own) {
+        PyThread_type_lock fresh = new_wakeup();
+        if (fresh != NULL) {
+            o->wakeup = fresh;
+            o->posted = 0;
+        }
+        else {
+            ok = 0; /* keep the old one: better than none */
+        }
+    }
+    o->waiters = 0;
+    if (!keep_own || o->owner != me) {
+        o->owner = 0;
+        o->count = 0;
+    }
+    return ok;
+}
+
+static PyObject *
+after_fork_child(PyObject *capsule, PyObject *Py_UNUSED(ignored))
+{
+    rlock_registry *reg = PyCapsule_GetPointer(capsule, REGISTRY_CAPSULE);
+    if (reg == NULL) {
+        return NULL;
+    }
+    unsigned long me = PyThread_get_thread_ident();
+    int ok = 1;
+    for (RLockObject *o = reg->head; o != NULL; o = o->next) {
+        ok &= reset_in_child(o, me, 1);
+    }
+    if (!ok) {
+        return PyErr_NoMemory();
+    }
+    Py_RETURN_NONE;
+}
+
+/* _thread.RLock's method of that name, kept for callers that use it: it
+ * frees the lock whoever holds it.  fxguard calls after_fork_child(). */
 static PyObject *
 rlock_at_fork_reinit(PyObject *self, PyObject *Py_UNUSED(ignored))
 {
-    RLockObject *o = (RLockObject *)self;
-    PyThread_type_lock fresh = new_wakeup();
-    if (fresh == NULL) {
+    if (!reset_in_child((RLockObject *)self, 0, 0)) {
         return PyErr_NoMemory();
     }
-    /* The old semaphore may be in any state; leak it rather than free a lock
-     * another (now vanished) thread may have been blocked on. */
-    o->wakeup = fresh;
-    o->owner = 0;
-    o->count = 0;
-    o->waiters = 0;
     Py_RETURN_NONE;
 }
 
@@ -325,26 +717,60 @@ rlock_repr(PyObject *self)
                                 o->owner ? "locked" : "unlocked", o->owner, o->count, self);
 }
 
+/* Docstrings start with text signatures, so inspect.signature() works. */
 static PyMethodDef rlock_methods[] = {
     {"acquire", (PyCFunction)(void (*)(void))rlock_acquire, METH_FASTCALL | METH_KEYWORDS,
-     "acquire(blocking=True, timeout=-1) -> bool\n\nLike threading.RLock.acquire; "
-     "the GIL is released while waiting."},
+     "acquire($self, /, blocking=True, timeout=-1)\n--\n\n"
+     "Like threading.RLock.acquire: True once the calling thread holds the lock\n"
+     "(again, if it already did), False if blocking is false or the timeout passed.\n"
+     "The GIL is released while waiting."},
     {"release", rlock_release, METH_NOARGS,
-     "release()\n\nRaises RuntimeError unless the calling thread owns the lock."},
-    {"__enter__", rlock_enter, METH_NOARGS, NULL},
-    {"__exit__", (PyCFunction)(void (*)(void))rlock_exit, METH_FASTCALL, NULL},
-    {"locked", rlock_locked, METH_NOARGS, "True while any thread holds the lock."},
-    {"_is_owned", rlock_is_owned, METH_NOARGS, "True if the calling thread holds the lock."},
+     "release($self, /)\n--\n\n"
+     "Undo one acquire().  RuntimeError unless the calling thread holds the lock."},
+    {"__enter__", rlock_enter, METH_NOARGS,
+     "__enter__($self, /)\n--\n\nacquire(), blocking without timeout."},
+    {"__exit__", (PyCFunction)(void (*)(void))rlock_exit, METH_FASTCALL,
+     "__exit__($self, /, *exc_info)\n--\n\nrelease()."},
+    {"locked", rlock_locked, METH_NOARGS,
+     "locked($self, /)\n--\n\nTrue while any thread holds the lock."},
+    {"_is_owned", rlock_is_owned, METH_NOARGS,
+     "_is_owned($self, /)\n--\n\nTrue if the calling thread holds the lock."},
+    {"_release_save", rlock_release_save, METH_NOARGS,
+     "_release_save($self, /)\n--\n\n"
+     "For threading.Condition: release every level the calling thread holds;\n"
+     "returns the state for _acquire_restore()."},
+    {"_acquire_restore", rlock_acquire_restore, METH_O,
+     "_acquire_restore($self, state, /)\n--\n\n"
+     "For threading.Condition: take the lock back as _release_save() left it."},
+    {"_recursion_count", rlock_recursion_count, METH_NOARGS,
+     "_recursion_count($self, /)\n--\n\n"
+     "How many times the calling thread holds the lock (0 if it does not)."},
     {"stats", rlock_stats, METH_NOARGS,
-     "stats() -> dict: acquisitions, contended, wait_ns_total, wait_ns_max, owner, depth, waiters."},
-    {"reset_stats", rlock_reset_stats, METH_NOARGS, "Zero the counters of stats()."},
-    {"_at_fork_reinit", rlock_at_fork_reinit, METH_NOARGS, "Reset after fork (child side)."},
+     "stats($self, /)\n--\n\n"
+     "dict: acquisitions, contended, wait_ns_total, wait_ns_max, owner, depth, waiters."},
+    {"reset_stats", rlock_reset_stats, METH_NOARGS,
+     "reset_stats($self, /)\n--\n\nZero the counters of stats()."},
+    {"_at_fork_reinit", rlock_at_fork_reinit, METH_NOARGS,
+     "_at_fork_reinit($self, /)\n--\n\n"
+     "In a forked child: free the lock and give it a fresh semaphore.  fxguard\n"
+     "already resets every RLock after fork; this is for threading's callers."},
     {NULL, NULL, 0, NULL},
 };
+
+#if !FXG_MANAGED_WEAKREF
+static PyMemberDef rlock_members[] = {
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(RLockObject, weakreflist), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+#endif
 
 static PyType_Slot rlock_slots[] = {
     {Py_tp_new, rlock_new},
     {Py_tp_dealloc, rlock_dealloc},
+    {Py_tp_traverse, rlock_traverse},
+#if !FXG_MANAGED_WEAKREF
+    {Py_tp_members, rlock_members},
+#endif
     {Py_tp_methods, rlock_methods},
     {Py_tp_repr, rlock_repr},
     {Py_tp_doc, "RLock()\n--\n\nRe-entrant lock (owner + count) that releases the GIL while waiting."},
@@ -354,6 +780,80 @@ static PyType_Slot rlock_slots[] = {
 PyType_Spec fxg_rlock_spec = {
     .name = "fxguard._core.RLock",
     .basicsize = sizeof(RLockObject),
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_HAVE_GC |
+             FXG_WEAKREF_FLAG,
     .slots = rlock_slots,
 };
+
+static void
+registry_free(PyObject *capsule)
+{
+    rlock_registry *reg = PyCapsule_GetPointer(capsule, REGISTRY_CAPSULE);
+    if (reg != NULL) {
+        Py_XDECREF(reg->tick);
+        Py_XDECREF(reg->tick_globals);
+        PyMem_Free(reg);
+    }
+}
+
+static PyMethodDef after_fork_def = {
+    "_reset_rlocks_after_fork", after_fork_child, METH_NOARGS,
+    "_reset_rlocks_after_fork()\n--\n\n"
+    "Forked child: free every fxguard RLock the forking thread does not hold.",
+};
+
+/* os.register_at_fork(after_in_child=<after_fork_child bound to capsule>).
+ * The hook holds the capsule, not the module, so a module object can still
+ * be collected; os keeps the hook (a few bytes) for good. */
+static int
+register_after_fork(PyObject *capsule)
+{
+    PyObject *os = PyImport_ImportModule("os");
+    if (os == NULL) {
+        return -1;
+    }
+    PyObject *register_at_fork = PyObject_GetAttrString(os, "register_at_fork");
+    Py_DECREF(os);
+    if (register_at_fork == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            PyErr_Clear(); /* no fork() on this platform */
+            return 0;
+        }
+        return -1;
+    }
+    PyObject *hook = PyCFunction_New(&after_fork_def, capsule);
+    PyObject *args = PyTuple_New(0);
+    PyObject *kwargs = hook ? Py_BuildValue("{s:O}", "after_in_child", hook) : NULL;
+    PyObject *r = (args && kwargs) ? PyObject_Call(register_at_fork, args, kwargs) : NULL;
+    Py_XDECREF(hook);
+    Py_XDECREF(args);
+    Py_XDECREF(kwargs);
+    Py_DECREF(register_at_fork);
+    if (r == NULL) {
+        return -1;
+    }
+    Py_DECREF(r);
+    return 0;
+}
+
+int
+fxg_rlock_module_exec(fxg_state *st)
+{
+    rlock_registry *reg = PyMem_Calloc(1, sizeof(*reg));
+    if (reg == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    st->rlock_registry = PyCapsule_New(reg, REGISTRY_CAPSULE, registry_free);
+    if (st->rlock_registry == NULL) {
+        PyMem_Free(reg);
+        return -1;
+    }
+    /* Empty globals: the eval loop falls back to the interpreter's builtins. */
+    reg->tick = Py_CompileString("None", "<fxguard.RLock.acquire>", Py_eval_input);
+    reg->tick_globals = PyDict_New();
+    if (reg->tick == NULL || reg->tick_globals == NULL) {
+        return -1;
+    }
+    return register_after_fork(st->rlock_registry);
+}

@@ -14,12 +14,13 @@ from typing import Any
 
 from . import _core, patches
 from ._core import RLock, block_mask_lock, fx_tracing, is_fx_symbolic_tracing, is_fx_tracing
+from .config_threads import ConfigSnapshot, config_snapshot
 from .torch_plan import OPTIONS, UnsupportedTorchError
 
 __all__ = [
     "install", "uninstall", "is_installed", "status", "is_fx_tracing", "is_fx_symbolic_tracing",
     "fx_tracing", "block_mask_lock", "create_block_mask", "RLock", "UnsupportedTorchError",
-    "get_original", "is_object_patched",
+    "get_original", "is_object_patched", "config_snapshot", "ConfigSnapshot",
 ]
 __version__ = "0.1.0"
 
@@ -42,7 +43,9 @@ def install(**options: bool) -> dict:
     takes fxguard.block_mask_lock), ``config_window_lock`` (no other thread's
     dynamo compile runs inside _set_compilation_env's config window),
     ``eager_backward`` (compile backward graphs with the forward, which removes
-    the shared-GPU deadlock).  Raises UnsupportedTorchError, leaving torch
+    the shared-GPU deadlock), ``config_follows_thread`` (a new thread starts
+    with a copy of its starter's torch config overrides; see config_threads.py
+    and config_snapshot()).  Raises UnsupportedTorchError, leaving torch
     untouched, on a torch whose layout fxguard does not know.
     """
     global _installed

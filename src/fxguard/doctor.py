@@ -67,8 +67,7 @@ def report(rows: list[dict], status: dict, seconds: float, gpu: dict | None = No
                            f"{fixed} ({gpu['fxguard']['seconds']} s)"], widths))
     lines += ["", "install() patched:"]
     for p in status["patch_points"]:
-        mark = ("patched" if p["patched"] else "not needed on this torch" if not p["applies"]
-                else "found, left alone (option off)")
+        mark = p.get("reason") or ("patched" if p["patched"] else "not needed on this torch")
         lines.append(f"  {p['what']:<27} {p['where']:<58} {mark}")
     lines.append(f"autograd workers: {status['autograd_workers']}")
     return "\n".join(lines)

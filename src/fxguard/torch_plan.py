@@ -203,6 +203,14 @@ def config_default(value: Any) -> Callable:
     return how
 
 
+def config_follows_thread(step: "Step", owner: Any, current: Any, ctx: Context) -> str:
+    """A new thread starts with its starter's torch config (config_threads.py)."""
+    from . import config_threads
+    why, changes = config_threads.plan(True)
+    ctx.changes.extend(changes)
+    return why
+
+
 def _torch_compile_lock() -> Any:
     from torch._dynamo.convert_frame import compile_lock
     return compile_lock
@@ -255,9 +263,11 @@ PLAN: tuple[Step, ...] = (
          option="block_mask_lock"),
     Step("eager backward", "torch._functorch.config.force_non_lazy_backward_lowering",
          config_default(True), option="eager_backward"),
+    Step("config follows thread", "threading.Thread.start", config_follows_thread,
+         option="config_follows_thread"),
 )
 
-OPTIONS = ("block_mask_lock", "config_window_lock", "eager_backward")
+OPTIONS = ("block_mask_lock", "config_window_lock", "eager_backward", "config_follows_thread")
 
 
 # -- layout detection ------------------------------------------------------------
@@ -317,14 +327,21 @@ def prepare(layout: str, options: dict[str, bool]) -> tuple[list[Change], list[d
             owner, current = None, patches.MISSING
         exists = current is not patches.MISSING
         row["found"] = exists != step.adds  # the patch point is as expected
+        row["reason"] = "not needed on this torch"
         if not applies:
             continue  # this torch does not need it (e.g. its flag is thread-local already)
         if not row["found"]:
             raise UnsupportedTorchError(f"{step.where} " + (
                 "exists already; fxguard would replace it" if step.adds else "not found"))
         if step.option and not options[step.option]:
+            row["reason"] = "option off"
             continue
-        row["patched"] = step.how(step, owner, current, ctx)
+        done = step.how(step, owner, current, ctx)  # True, False, or a reason string
+        row["patched"] = done is True or done == "patched"
+        if row["patched"]:
+            row["reason"] = "patched"
+        elif isinstance(done, str):
+            row["reason"] = done
     helpers = [("helpers", importlib.import_module(name), "__fxguard__", helper)
                for name, helper in ctx.helpers.items()]
     return helpers + ctx.changes, rows

@@ -149,9 +149,10 @@ def _take(copy_values: bool) -> list[tuple[contextvars.ContextVar, Any]]:
     return pairs
 
 
-def _set(pairs, clear: bool = False, copy_values: bool = False) -> None:
+def _set(pairs, clear: bool = False, copy_values: bool = False, fresh: bool = False) -> None:
     """Set the pairs in the current context and mark the touched modules' caches
-    stale.  With ``clear``, overrides not in ``pairs`` are unset."""
+    stale (not needed in a ``fresh`` context: its caches are unset, i.e. stale).
+    With ``clear``, overrides not in ``pairs`` are unset."""
     known = _vars
     touched = set()
     if clear:
@@ -163,6 +164,8 @@ def _set(pairs, clear: bool = False, copy_values: bool = False) -> None:
     for var, value in pairs:
         var.set(_own(value) if copy_values else value)
         touched.add(known[var])
+    if fresh:
+        return
     for module in touched:  # torch's per-context caches of get_hash() and _get_dict()
         dirty = getattr(module, "_hash_dirty_var", None)
         if dirty is not None:
@@ -238,7 +241,7 @@ def enter_thread(thread: threading.Thread) -> None:
         if isinstance(context, contextvars.Context):
             context.run(_set, pairs)
         else:
-            _set(pairs)
+            _set(pairs, fresh=True)  # the new thread's own context, empty until now
     except Exception as e:  # noqa: BLE001
         warnings.warn(f"fxguard: thread {thread.name} starts without its starter's torch config: {e!r}",
                       RuntimeWarning, stacklevel=1)

@@ -352,4 +352,4 @@ def recompile_limit_in_thread(limit: int = 20, shapes: int = 20) -> dict:
         raise TimeoutError("the compiling thread did not finish")
     n = len(graphs)
     return {"graphs": n, "shapes": shapes, "limit_seen": seen[0], "lost": n < shapes,
-            "detail": f"thread compiled {n} of {shapes} graphs (limit it read: {seen[0]})"}
+            "detail": f"thread: {n} of {shapes} graphs (read limit {seen[0]})"}

@@ -13,7 +13,6 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import torch
 import torch._dynamo.config as dyn
 from guarded import both_ways
 

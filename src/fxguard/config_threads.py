@@ -8,9 +8,13 @@ ContextVar, one per entry.  A ``threading.Thread`` on Python 3.10-3.13 (and
 a thread reads torch's defaults whatever its starter set: main sets
 ``recompile_limit = 64``, a thread stops compiling after 8 graphs.
 
-With fxguard installed, ``Thread.start()`` takes a snapshot of the starting
-thread's torch config overrides, and the new thread sets them before
-``run()``: a copy, so later changes in either thread stay in that thread.
+With fxguard installed, ``Thread.start()`` hands the new thread its
+starter's context (``copy_context()``: the values as of start()), and the new
+thread sets the torch config entries found there before start() returns and
+before ``run()`` (subclasses overriding run() or start() included): a copy,
+so later changes in either thread stay in that thread.  Threads started
+before install() keep what they had.  Cost: a few microseconds per start
+(benchmarks/thread_start.py).
 Only the entries' ``user_override`` ContextVars are copied; torch's per-thread
 caches (``_hash_dirty_var``, ``_get_dict_cache_var``, ...) start fresh, and
 every other ContextVar (decimal, asyncio, user code) keeps Python's
@@ -53,7 +57,7 @@ OPTION = "config_follows_thread"
 WHAT = "config follows thread"
 WHERE = "threading.Thread.start"  # the row's patch point; also _bootstrap and install_config_module
 CONFIG_MODULE = "torch.utils._config_module"
-_ATTR = "_fxguard_config"  # where start() leaves the snapshot for the new thread
+_ATTR = "_fxguard_config"  # where start() leaves its context for the new thread
 
 _COPIED = (list, dict, set)  # mutable values a thread gets its own deep copy of
 
@@ -124,28 +128,48 @@ def stock_threads_lose_config() -> bool:
 
 # -- snapshots ---------------------------------------------------------------------
 
+_UNSET: Any = None  # torch's _UNSET_SENTINEL, once torch is imported
+
+
 def _unset() -> Any:
-    cm = sys.modules.get(CONFIG_MODULE)
-    return getattr(cm, "_UNSET_SENTINEL", None)
+    global _UNSET
+    if _UNSET is None:
+        _UNSET = getattr(sys.modules.get(CONFIG_MODULE), "_UNSET_SENTINEL", None)
+    return _UNSET
+
+
+_SCALARS = frozenset({int, float, bool, str, bytes, type(None)})
 
 
 def _own(value: Any) -> Any:
-    """The copy a thread gets: containers deep-copied, anything else as is."""
-    if isinstance(value, _COPIED):
-        try:
-            return copy.deepcopy(value)
-        except Exception:  # an uncopyable element: share it, as Python 3.14 would
-            return value
-    return value
+    """The copy a thread gets: containers deep-copied, anything else as is.
+    A plain list/set/dict of scalars (torch's usual) is copied without
+    copy.deepcopy, which costs ~7 us in a thread's first moments."""
+    if not isinstance(value, _COPIED):
+        return value
+    kind = type(value)
+    if kind is dict:
+        if all(type(v) in _SCALARS for v in value.values()):
+            return value.copy()
+    elif kind is list or kind is set:
+        if all(type(v) in _SCALARS for v in value):
+            return value.copy()
+    try:
+        return copy.deepcopy(value)
+    except Exception:  # an uncopyable element: share it, as Python 3.14 would
+        return value
 
 
 def _take(copy_values: bool) -> list[tuple[contextvars.ContextVar, Any]]:
     """The calling thread's torch config overrides as (ContextVar, value) pairs."""
-    known, unset = _vars, _unset()
+    known, unset = _vars, _UNSET if _UNSET is not None else _unset()
     pairs = [(var, value) for var, value in contextvars.copy_context().items()
              if var in known and value is not unset]
     if copy_values:
-        pairs = [(var, _own(value)) for var, value in pairs]
+        copied = _COPIED
+        for i, (var, value) in enumerate(pairs):
+            if isinstance(value, copied):
+                pairs[i] = (var, _own(value))
     return pairs
 
 
@@ -153,6 +177,10 @@ def _set(pairs, clear: bool = False, copy_values: bool = False, fresh: bool = Fa
     """Set the pairs in the current context and mark the touched modules' caches
     stale (not needed in a ``fresh`` context: its caches are unset, i.e. stale).
     With ``clear``, overrides not in ``pairs`` are unset."""
+    if fresh:  # a new thread's context: nothing to clear, no caches filled yet
+        for var, value in pairs:
+            var.set(value)
+        return
     known = _vars
     touched = set()
     if clear:
@@ -164,8 +192,6 @@ def _set(pairs, clear: bool = False, copy_values: bool = False, fresh: bool = Fa
     for var, value in pairs:
         var.set(_own(value) if copy_values else value)
         touched.add(known[var])
-    if fresh:
-        return
     for module in touched:  # torch's per-context caches of get_hash() and _get_dict()
         dirty = getattr(module, "_hash_dirty_var", None)
         if dirty is not None:
@@ -220,41 +246,49 @@ def config_snapshot() -> ConfigSnapshot:
 
 
 # -- the hooks the patched code calls ------------------------------------------------
-
-def before_start(thread: threading.Thread) -> None:
-    """Thread.start(), in the starting thread: leave it a snapshot."""
-    if _scan_needed:
-        scan()
-    pairs = _take(copy_values=True)
-    if pairs:
-        thread.__dict__[_ATTR] = pairs
-
+#
+# Thread.start() leaves the new thread its starter's context (copy_context()
+# is O(1): an immutable mapping of the values as they are at start()); the new
+# thread copies the torch config entries out of it first thing, in _bootstrap,
+# before it signals that it has started, so the starter is still inside
+# start() meanwhile and the values are exactly those of start().  Doing the
+# filtering there, once, halves the cost of doing it in the starter.
 
 def enter_thread(thread: threading.Thread) -> None:
-    """Thread._bootstrap(), first thing in the new thread: set the snapshot.
+    """Thread._bootstrap(), first thing in the new thread: take the starter's config.
     Never raises: start() waits for this thread to signal it has started."""
-    pairs = thread.__dict__.pop(_ATTR, None)
-    if not pairs:
+    parent = thread.__dict__.pop(_ATTR, None)
+    if parent is None:
         return
     try:
+        if _scan_needed:
+            scan()
         context = thread.__dict__.get("_context")  # 3.14: run() executes in this Context
         if isinstance(context, contextvars.Context):
-            context.run(_set, pairs)
-        else:
-            _set(pairs, fresh=True)  # the new thread's own context, empty until now
+            context.run(_set, _from(parent))
+        else:  # the new thread's own context, empty until now: no caches to mark stale
+            known, unset, copied = _vars, _UNSET if _UNSET is not None else _unset(), _COPIED
+            for var, value in parent.items():
+                if var in known and value is not unset:
+                    var.set(_own(value) if isinstance(value, copied) else value)
     except Exception as e:  # noqa: BLE001
         warnings.warn(f"fxguard: thread {thread.name} starts without its starter's torch config: {e!r}",
                       RuntimeWarning, stacklevel=1)
 
 
+def _from(parent: contextvars.Context) -> list:
+    unset = _unset()
+    return [(var, _own(value)) for var, value in parent.items() if var in _vars and value is not unset]
+
+
 START = """\
-    __fxguard__.before_start({call})
-    return __fxguard__.start({call})
+    self.__dict__[__fxguard__.ATTR] = __fxguard__.copy_context()
+    return __fxguard__.start(self)
 """
 
 BOOTSTRAP = """\
-    __fxguard__.enter_thread({call})
-    return __fxguard__.bootstrap({call})
+    __fxguard__.enter_thread(self)
+    return __fxguard__.bootstrap(self)
 """
 
 REGISTER = """\
@@ -292,11 +326,14 @@ def plan(enabled: bool) -> tuple[str, list[tuple[str, object, str, Any]]]:
         return "not available on this torch", []  # install_config_module(module) changed shape
     Thread = threading.Thread
     for name in ("start", "_bootstrap"):
-        if not isinstance(vars(Thread).get(name), types.FunctionType):
+        fn = vars(Thread).get(name)
+        if not isinstance(fn, types.FunctionType) or fn.__code__.co_argcount != 1 \
+                or fn.__code__.co_varnames[0] != "self":  # the bodies below name it
             return f"not available on this Python (threading.Thread.{name})", []
     to_threading = types.ModuleType("fxguard.helpers[threading]")
     to_torch = types.ModuleType(f"fxguard.helpers[{CONFIG_MODULE}]")
-    to_threading.before_start, to_threading.enter_thread = before_start, enter_thread
+    to_threading.ATTR, to_threading.copy_context = _ATTR, contextvars.copy_context
+    to_threading.enter_thread = enter_thread
     to_torch.register = register
     changes: list = [(WHAT, threading, "__fxguard__", to_threading),
                      (WHAT, cm, "__fxguard__", to_torch)]

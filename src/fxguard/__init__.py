@@ -13,12 +13,13 @@ from typing import Any
 
 from . import _core, patches
 from ._core import RLock, block_mask_lock, fx_tracing, is_fx_symbolic_tracing, is_fx_tracing
+from .config_threads import ConfigSnapshot, config_snapshot
 from .plan import OPTIONS, UnsupportedTorchError
 
 __all__ = [
     "install", "uninstall", "is_installed", "status", "is_fx_tracing", "is_fx_symbolic_tracing",
     "fx_tracing", "block_mask_lock", "create_block_mask", "RLock", "UnsupportedTorchError",
-    "get_original", "is_object_patched",
+    "get_original", "is_object_patched", "config_snapshot", "ConfigSnapshot",
 ]
 __version__ = "0.1.0"
 
@@ -42,8 +43,10 @@ def install(**options: bool) -> dict:
     (no other thread's dynamo compile runs inside _set_compilation_env's
     config window, where that config is process-wide), ``eager_backward``
     (compile backward graphs with the forward, which removes the shared-GPU
-    deadlock).  Raises UnsupportedTorchError, leaving torch untouched, on a
-    torch whose layout fxguard does not know.
+    deadlock), ``config_follows_thread`` (a new thread starts with a copy of
+    its starter's torch config overrides; see config_snapshot()).  Raises
+    UnsupportedTorchError, leaving torch untouched, on a torch whose layout
+    fxguard does not know.
     """
     global _installed
     unknown = set(options) - set(OPTIONS)

@@ -12,7 +12,7 @@ import time
 
 import fxguard
 
-from . import races
+from . import config_threads, races
 
 
 def _row(cells: list[str], widths: list[int]) -> str:
@@ -21,6 +21,7 @@ def _row(cells: list[str], widths: list[int]) -> str:
 
 def run_races() -> list[dict]:
     fxguard.uninstall()
+    config_stock = config_threads.recompile_limit_in_thread()  # resets dynamo: before make_compiled
     compiled = races.make_compiled()  # created before install(), like users' code
     rows = []
     for race in races.RACES:
@@ -34,7 +35,15 @@ def run_races() -> list[dict]:
         kwargs = {"compiled": compiled} if race is races.trace_vs_compiled_call else {}
         on = race(**kwargs)
         row.update(fixed=not on.raced, with_fxguard=on.detail)
+    rows.append(config_row(config_stock, config_threads.recompile_limit_in_thread()))
     return rows
+
+
+def config_row(stock: dict, with_fxguard: dict) -> dict:
+    """Main sets recompile_limit 20; a thread compiles 20 shapes (config_threads)."""
+    return {"race": "config-follows-thread", "doc": config_row.__doc__.splitlines()[0],
+            "affected": stock["lost"], "stock": stock["detail"],
+            "fixed": not with_fxguard["lost"], "with_fxguard": with_fxguard["detail"]}
 
 
 def probe_shared_gpu() -> dict | None:
@@ -67,8 +76,7 @@ def report(rows: list[dict], status: dict, seconds: float, gpu: dict | None = No
                            f"{fixed} ({gpu['fxguard']['seconds']} s)"], widths))
     lines += ["", "install() patched:"]
     for p in status["patch_points"]:
-        mark = ("patched" if p["patched"] else "not needed on this torch" if not p["applies"]
-                else "found, left alone (option off)")
+        mark = p.get("reason") or ("patched" if p["patched"] else "not needed on this torch")
         lines.append(f"  {p['what']:<27} {p['where']:<58} {mark}")
     lines.append(f"autograd workers: {status['autograd_workers']}")
     return "\n".join(lines)

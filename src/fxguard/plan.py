@@ -138,7 +138,7 @@ CONFIG_DEFAULTS: tuple[ConfigDefault, ...] = (
                   True, option="eager_backward"),
 )
 
-OPTIONS = ("block_mask_lock", "config_window_lock", "eager_backward")
+OPTIONS = ("block_mask_lock", "config_window_lock", "eager_backward", "config_follows_thread")
 
 
 # -- layout of the FX flag ------------------------------------------------------
@@ -209,6 +209,11 @@ def prepare(layout: str, options: dict[str, bool]) -> Prepared:
         rows.append(_row(wrap.what, wrap.where, reason))
     for cfg in CONFIG_DEFAULTS:
         rows.append(_row(cfg.what, cfg.where, _config_default(cfg, options, changes)))
+    # Torch config overrides (ContextVars since 2.12) follow a thread's start().
+    from . import config_threads
+    reason, thread_changes = config_threads.plan(options["config_follows_thread"])
+    rows.append(_row("config follows thread", "threading.Thread.start", reason))
+    changes += thread_changes
     helper_changes = [("helpers", importlib.import_module(name), "__fxguard__", helper)
                       for name, helper in helpers.items()]
     return Prepared(helper_changes + changes, rows, planner.defaults(), planner.initial())

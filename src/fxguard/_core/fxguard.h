@@ -41,6 +41,10 @@ typedef struct {
     Py_ssize_t tracing_records;  /* records whose flag is set (GIL-protected) */
     Py_ssize_t published;        /* records handed to torch's TLS */
     unsigned long epoch;         /* bumped by every _configure() */
+    /* The last thread's own record: a thread-state id is never reused, so
+     * one compare replaces the thread-state dict lookup on the hot path. */
+    uint64_t cached_id;
+    PyObject *cached_record;
 
     /* Set by install(), cleared by uninstall(); NULL otherwise. */
     PyObject *defaults;          /* tuple: each slot's initial value */

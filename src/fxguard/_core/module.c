@@ -209,6 +209,8 @@ core_exec(PyObject *module)
     st->tracing_records = 0;
     st->published = 0;
     st->epoch = 0;
+    st->cached_id = 0;
+    st->cached_record = NULL;
     st->record_key = PyUnicode_InternFromString("fxguard.thread_record");
     st->kept = PyList_New(0);
     if (st->record_key == NULL || st->kept == NULL) {
@@ -250,6 +252,7 @@ core_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->upstream_get);
     Py_VISIT(st->upstream_set);
     Py_VISIT(st->kept);
+    Py_VISIT(st->cached_record);
     Py_VISIT(st->record_type);
     Py_VISIT(st->slot_view_type);
     Py_VISIT(st->fx_tracing_type);
@@ -265,6 +268,7 @@ core_clear(PyObject *module)
     clear_hooks(st);
     Py_CLEAR(st->record_key);
     Py_CLEAR(st->kept);
+    Py_CLEAR(st->cached_record);
     Py_CLEAR(st->record_type);
     Py_CLEAR(st->slot_view_type);
     Py_CLEAR(st->fx_tracing_type);

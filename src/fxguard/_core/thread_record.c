@@ -118,11 +118,20 @@ refresh(fxg_state *st, fxg_record *rec)
 static fxg_record *
 own_record(fxg_state *st)
 {
+    uint64_t id = PyThreadState_GetID(PyThreadState_Get());
+    if (st->cached_record != NULL && st->cached_id == id) {
+        return (fxg_record *)st->cached_record;
+    }
     PyObject *tsdict = PyThreadState_GetDict();
     if (tsdict == NULL) {
         return NULL;
     }
-    return (fxg_record *)PyDict_GetItemWithError(tsdict, st->record_key);
+    PyObject *rec = PyDict_GetItemWithError(tsdict, st->record_key);
+    if (rec != NULL) {
+        Py_XSETREF(st->cached_record, Py_NewRef(rec));
+        st->cached_id = id;
+    }
+    return (fxg_record *)rec;
 }
 
 /* The record torch's thread-local state carries into this thread (an

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 import torch
-from guarded import both_ways, run_together
+from guarded import both_ways, run_together, torch_races
 
 DEVICES = ["cpu", pytest.param("cuda", marks=[
     pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])]
@@ -36,8 +36,14 @@ def run_backward(device):
     Probe.apply(x).sum().backward()
 
 
+def state_is_process_wide() -> bool:
+    """The FX flag (torch <= 2.13) or is_compiling()'s flag (2.13+, set by every compile)."""
+    return torch_races() or "_is_compiling_flag" in vars(torch.compiler) and \
+        hasattr(torch.compiler, "_compile_session_context")
+
+
 @pytest.mark.parametrize("device", DEVICES)
-@both_ways()
+@both_ways(races=state_is_process_wide)
 def test_backward_sees_the_state_of_the_thread_it_runs_for(guard, device):
     Probe.records = []
     a_inside, b_done = threading.Event(), threading.Event()

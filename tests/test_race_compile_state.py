@@ -58,7 +58,8 @@ def test_other_thread_is_not_compiling_and_builds_masks_while_a_compile_is_held(
             release.set()
 
     run_together(a, b)
-    assert seen["a"] is True, "the compiling thread itself is compiling"
+    compiles_set_it = hasattr(torch.compiler, "_compile_session_context")  # torch 2.13+
+    assert seen["a"] is compiles_set_it, "the compiling thread itself is compiling"
     assert order == ["mask built", "compile ends"], "B's mask waited for A's compile"
     assert seen["b"] is False, "B saw A's compile"
 
@@ -121,7 +122,7 @@ def test_fullgraph_compiles_of_the_rewritten_readers_have_no_graph_break():
     fxguard.install()
 
     def uses_state(x):
-        if torch.compiler.is_compiling() and not torch.compiler.is_exporting():
+        if torch.compiler.is_compiling():  # folded to True by dynamo
             x = x + 1
         with fx_traceback.annotate({"k": 1}):
             x = x * 2

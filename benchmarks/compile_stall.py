@@ -121,7 +121,7 @@ def child(mode: str, device: str, threads: int, compiles: int, solo_s: float, ou
 
 
 def run_mode(mode: str, args: argparse.Namespace) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
         out = os.path.join(tmp, "result.json")
         env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"),
                    TORCHINDUCTOR_FX_GRAPH_CACHE="0", PYTHONUNBUFFERED="1")

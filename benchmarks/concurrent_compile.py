@@ -291,7 +291,7 @@ def run_all(args) -> dict:
               "modes": {}}
     for mode in args.modes.split(","):
         print(f"== mode {mode}", flush=True)
-        with tempfile.TemporaryDirectory(prefix=f"fxguard-bench-{mode}-") as tmp:
+        with tempfile.TemporaryDirectory(prefix=f"fxguard-bench-{mode}-", ignore_cleanup_errors=True) as tmp:
             env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"),
                        TRITON_CACHE_DIR=os.path.join(tmp, "triton"), PYTHONUNBUFFERED="1")
             out = os.path.join(tmp, "mode.json")

@@ -58,7 +58,7 @@ def main() -> None:
     rows = {}
     for case in ("train", "fwd-only"):
         for eager in (False, True):
-            with tempfile.TemporaryDirectory() as tmp:
+            with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
                 env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=f"{tmp}/i", TRITON_CACHE_DIR=f"{tmp}/t")
                 out = subprocess.run([sys.executable, __file__, "--device", args.device, "--one",
                                       "eager" if eager else "lazy", case],

@@ -100,7 +100,7 @@ def child(mode: str, device: str, threads: int, seconds: float, out: str) -> Non
     time.sleep(seconds)
     stop.set()
     for t in workers:
-        t.join(300)
+        t.join(120)
     result = {
         "mode": mode, "train": train, "steps_per_thread": steps,
         "time_until_all_stepped_s": round(max(first.values()), 2) if len(first) == threads else None,
@@ -135,18 +135,21 @@ def main() -> int:
                            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
               "args": {k: v for k, v in vars(args).items() if k not in ("child", "out")}, "modes": {}}
     for mode in args.modes.split(","):
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
             out = os.path.join(tmp, "r.json")
             env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"),
                        TRITON_CACHE_DIR=os.path.join(tmp, "triton"), TORCHINDUCTOR_FX_GRAPH_CACHE="0")
             proc = subprocess.run([sys.executable, __file__, "--child", mode, "--device", args.device,
                                    "--threads", str(args.threads), "--seconds", str(args.seconds),
                                    "--out", out], env=env, capture_output=True, text=True,
-                                  timeout=args.seconds + 600)
+                                  timeout=args.seconds + 400)
             r = json.load(open(out)) if proc.returncode == 0 and os.path.exists(out) else \
                 {"mode": mode, "status": "failed", "detail": (proc.stdout + proc.stderr)[-2000:]}
         report["modes"][mode] = r
         print(json.dumps(r), flush=True)
+        if args.json:  # after each mode: a cut-off run keeps what it measured
+            with open(args.json, "w") as f:
+                json.dump(report, f, indent=2)
     ours, lock = report["modes"].get("fxguard", {}), report["modes"].get("serialized", {})
     if ours.get("time_until_all_stepped_s") and lock.get("time_until_all_stepped_s"):
         report["fxguard_vs_serialized_time_until_all_stepped"] = round(

@@ -21,7 +21,9 @@ def _row(cells: list[str], widths: list[int]) -> str:
 
 def run_races() -> list[dict]:
     fxguard.uninstall()
-    config_stock = config_threads.recompile_limit_in_thread()  # resets dynamo: before make_compiled
+    # Only where torch keeps config per thread (2.12+): elsewhere there is nothing to follow.
+    per_thread = config_threads.config_is_per_thread()
+    config_stock = config_threads.recompile_limit_in_thread() if per_thread else None  # resets dynamo
     compiled = races.make_compiled()  # created before install(), like users' code
     rows = []
     for race in races.RACES:
@@ -35,7 +37,8 @@ def run_races() -> list[dict]:
         kwargs = {"compiled": compiled} if race is races.trace_vs_compiled_call else {}
         on = race(**kwargs)
         row.update(fixed=not on.raced, with_fxguard=on.detail)
-    rows.append(config_row(config_stock, config_threads.recompile_limit_in_thread()))
+    if per_thread:
+        rows.append(config_row(config_stock, config_threads.recompile_limit_in_thread()))
     return rows
 
 

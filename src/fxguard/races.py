@@ -131,6 +131,36 @@ def trace_vs_compilation_env() -> RaceResult:
     return RaceResult("trace-vs-compilation-env", stuck, detail)
 
 
+def compile_vs_is_compiling() -> RaceResult:
+    """(g) Thread 1 is held inside a dynamo compile; thread 2 asks is_compiling().
+
+    Stock torch >= 2.13 sets one module flag for every compile: thread 2 reads
+    True, and transformers then calls uncompiled flex_attention.
+    """
+    import torch
+
+    inside, release, seen = threading.Event(), threading.Event(), []
+
+    def held_backend(gm, example_inputs):
+        inside.set()
+        _wait(release, "the other thread's question")
+        return gm.forward
+
+    compiler, errors = _run(lambda: torch.compile(lambda x: x.tan() - 3, backend=held_backend)(
+        torch.ones(2)), "compiler")
+    try:
+        _wait(inside, "the compile to start", errors)
+        seen.append(torch.compiler.is_compiling())
+    finally:
+        release.set()
+        compiler.join(TIMEOUT)
+    if errors:
+        raise errors[0]
+    detail = "is_compiling() True in a thread that compiles nothing" if seen[0] \
+        else "is_compiling() False outside the compiling thread"
+    return RaceResult("compile-vs-is-compiling", seen[0], detail)
+
+
 def reset_stock_flag() -> None:
     """Undo what a stock race left behind (only meaningful without fxguard)."""
     import torch.fx._symbolic_trace as st
@@ -139,4 +169,4 @@ def reset_stock_flag() -> None:
         vars(st)["_is_fx_tracing_flag"] = False
 
 
-RACES = (trace_vs_compiled_call, trace_vs_compilation_env)
+RACES = (trace_vs_compiled_call, trace_vs_compilation_env, compile_vs_is_compiling)

@@ -147,3 +147,19 @@ def test_status_reports_patch_points():
     assert all(r["patched"] == (r["reason"] == "patched") for r in s["patch_points"])
     assert fxguard.get_original(torch.fx._symbolic_trace.is_fx_tracing, "__code__") is not \
         torch.fx._symbolic_trace.is_fx_tracing.__code__ or s["mode"] != "patched"
+
+
+def test_a_row_that_cannot_be_covered_is_reported_and_leaves_its_module_alone(monkeypatch):
+    import linecache
+    real = linecache.getlines
+    target = torch.compiler.__file__
+    monkeypatch.setattr(linecache, "getlines",
+                        lambda name, *a: [] if name == target else real(name, *a))
+    code = torch.compiler.is_compiling.__code__
+    s = fxguard.install()
+    rows = {r["where"]: r["reason"] for r in s["patch_points"]}
+    assert rows["torch.compiler._is_compiling_flag"].startswith("not covered: no source")
+    assert torch.compiler.is_compiling.__code__ is code
+    assert "_is_compiling_flag" in vars(torch.compiler)
+    assert "__fxguard_tls__" not in vars(torch.compiler)
+    assert rows["torch.fx.traceback.current_meta"] == "patched"

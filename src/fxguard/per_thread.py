@@ -86,7 +86,22 @@ class Planner:
         self.deletes: list[tuple[types.ModuleType, str]] = []
 
     def add(self, row: PerThread) -> str:
-        """Plan one row; returns its status reason.  Raises NotCovered."""
+        """Plan one row; returns its status reason.  Raises NotCovered, and
+        then the plan is as it was before the row."""
+        saved = self._state()
+        try:
+            return self._add(row)
+        except NotCovered:
+            (self.slots, self.views, self.targets, self.getattrs, self.deletes) = saved
+            raise
+
+    def _state(self) -> tuple:
+        """A copy of what _add changes (function and module objects shared)."""
+        return (list(self.slots), {m: dict(n) for m, n in self.views.items()},
+                {k: (f, set(n), dict(a)) for k, (f, n, a) in self.targets.items()},
+                {m: dict(n) for m, n in self.getattrs.items()}, list(self.deletes))
+
+    def _add(self, row: PerThread) -> str:
         owner = importlib.import_module(row.module)
         if row.name not in vars(owner):
             return "not available on this torch"

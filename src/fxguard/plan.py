@@ -10,7 +10,6 @@ in order and uninstall() undoes them in reverse.
 """
 from __future__ import annotations
 
-import copy
 import importlib
 import types
 from dataclasses import dataclass
@@ -191,15 +190,11 @@ def prepare(layout: str, options: dict[str, bool]) -> Prepared:
         if row.flag and layout != MODULE_GLOBAL:
             rows.append(_row("FX-tracing flag", row.where, "not needed: torch keeps it per thread"))
             continue
-        saved = copy.copy(planner.__dict__), {k: (f, set(n), dict(a))
-                                               for k, (f, n, a) in planner.targets.items()}
         try:
             reason = planner.add(row)
-        except NotCovered as e:
+        except NotCovered as e:  # the planner is as it was before this row
             if row.flag:
                 raise UnsupportedTorchError(str(e)) from None
-            planner.__dict__.update(saved[0])
-            planner.targets = saved[1]
             reason = f"not covered: {e}"
         rows.append(_row("FX-tracing flag" if row.flag else what, row.where, reason))
     changes = planner.changes("per-thread")

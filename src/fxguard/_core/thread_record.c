@@ -284,28 +284,36 @@ fxg_record_for(fxg_state *st)
 
 /* -- the FX flag ---------------------------------------------------------------- */
 
-/* Stock torch's module global, read when fxguard is not installed so that
- * fxguard.is_fx_tracing() still tells the truth.  Never imports torch. */
-static int
-torch_global_flag(void)
+/* `module.attr` if that module is loaded (never imports it), as a new
+ * reference; NULL without error if the module or attribute is missing. */
+static PyObject *
+loaded_attr(const char *module, const char *attr)
 {
-    PyObject *name = PyUnicode_FromString("torch.fx._symbolic_trace");
+    PyObject *name = PyUnicode_FromString(module);
     if (name == NULL) {
-        return -1;
+        return NULL;
     }
     PyObject *mod = PyImport_GetModule(name);
     Py_DECREF(name);
     if (mod == NULL) {
-        return PyErr_Occurred() ? -1 : 0;
+        return NULL;
     }
-    PyObject *flag = PyObject_GetAttrString(mod, "_is_fx_tracing_flag");
+    PyObject *value = PyObject_GetAttrString(mod, attr);
     Py_DECREF(mod);
+    if (value == NULL && PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        PyErr_Clear();
+    }
+    return value;
+}
+
+/* Stock torch's module global, read when fxguard is not installed so that
+ * fxguard.is_fx_tracing() still tells the truth. */
+static int
+torch_global_flag(void)
+{
+    PyObject *flag = loaded_attr("torch.fx._symbolic_trace", "_is_fx_tracing_flag");
     if (flag == NULL) {
-        if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
-            PyErr_Clear();
-            return 0;
-        }
-        return -1;
+        return PyErr_Occurred() ? -1 : 0;
     }
     int r = PyObject_IsTrue(flag);
     Py_DECREF(flag);
@@ -362,19 +370,9 @@ torch_is_compiling(fxg_state *st)
         return call_truth(st->is_compiling);
     }
     /* Not installed: use torch.compiler.is_compiling if torch is loaded. */
-    PyObject *name = PyUnicode_FromString("torch.compiler");
-    if (name == NULL) {
-        return -1;
-    }
-    PyObject *mod = PyImport_GetModule(name);
-    Py_DECREF(name);
-    if (mod == NULL) {
-        return PyErr_Occurred() ? -1 : 0;
-    }
-    PyObject *fn = PyObject_GetAttrString(mod, "is_compiling");
-    Py_DECREF(mod);
+    PyObject *fn = loaded_attr("torch.compiler", "is_compiling");
     if (fn == NULL) {
-        return -1;
+        return PyErr_Occurred() ? -1 : 0;
     }
     int r = call_truth(fn);
     Py_DECREF(fn);

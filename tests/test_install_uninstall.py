@@ -11,7 +11,7 @@ from fxguard import patches
 TOUCHED = ("torch.fx._symbolic_trace", "torch.compiler", "torch.fx.traceback",
            "torch.fx.experimental.proxy_tensor", "torch.fx._lazy_graph_module", "torch._export.utils",
            "torch._higher_order_ops.utils", "torch._higher_order_ops.flex_attention",
-           "torch.nn.attention.flex_attention")
+           "torch.nn.attention.flex_attention", "torch.autograd.function")
 
 
 def snapshot():
@@ -26,7 +26,9 @@ def snapshot():
         "functions": [(f, f.__code__) for m in modules for f in functions_in(m)],
         "module_class": [type(m) for m in modules],
         "module_dicts": [{k: id(v) for k, v in vars(m).items()} for m in modules],
-        "class_attrs": (torch.fx._symbolic_trace.Tracer.__dict__["trace"],),
+        "class_attrs": (torch.fx._symbolic_trace.Tracer.__dict__["trace"],
+                        torch.autograd.function.BackwardCFunction.__dict__["apply"],
+                        torch.autograd.function.BackwardCFunction.__dict__["apply"].__code__),
         "config": (fconfig.force_non_lazy_backward_lowering,
                    fconfig._config["force_non_lazy_backward_lowering"].default),
     }

@@ -67,9 +67,12 @@ def install(**options: bool) -> dict:
         try:
             for change in prepared.changes:
                 patches.apply_patch(*change)
-            workers = _configure_core(layout, prepared.defaults)
+            workers = _configure_core(layout, prepared.defaults, carry_context=any(
+                row["what"] == "config in autograd workers" and row["patched"]
+                for row in prepared.rows))
             for module, name, value in prepared.initial:  # this thread keeps what it had
                 setattr(vars(module)["__fxguard_tls__"], name, value)
+            _core._enter_thread()  # this thread's record, for autograd workers
         except BaseException:
             patches.revert_all()
             _core._configure(_core.MODE_OFF)
@@ -79,7 +82,7 @@ def install(**options: bool) -> dict:
         return status()
 
 
-def _configure_core(layout: str, defaults: tuple[tuple, tuple]) -> str:
+def _configure_core(layout: str, defaults: tuple[tuple, tuple], carry_context: bool) -> str:
     """Hand the C core the slot layout and the torch functions it may call;
     says how autograd workers get the state."""
     import torch
@@ -96,7 +99,8 @@ def _configure_core(layout: str, defaults: tuple[tuple, tuple]) -> str:
         hooks.update(upstream_get=_symbolic_trace._get_is_fx_tracing,
                      upstream_set=_symbolic_trace._set_is_fx_tracing)
         mode = _core.MODE_UPSTREAM
-    _core._configure(mode, defaults=defaults[0], factories=defaults[1], **hooks)
+    _core._configure(mode, defaults=defaults[0], factories=defaults[1],
+                     carry_context=carry_context, **hooks)
     if None in (hooks["tls_stash"], hooks["tls_has"], hooks["tls_get"]):
         return "not carried (this torch lacks _stash_obj_in_tls and friends)"
     carried = "per-thread state carried via torch._C._stash_obj_in_tls"

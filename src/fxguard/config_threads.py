@@ -37,9 +37,13 @@ thread submits that task.  To choose explicitly::
 
 ``config_snapshot()`` works with or without install().
 
-Not covered: the autograd engine's worker threads run a thread's backward
-with their own (empty) context; carrying config there belongs with the
-per-thread record that autograd workers carry.
+Autograd workers: a device's worker thread (and the pool that takes over
+reentrant backward deeper than 60) runs backward nodes for every thread, in
+its own empty context.  A thread's record (which torch carries into the
+worker with the graph task) notes the thread's Context; the worker runs each
+Python backward node (``BackwardCFunction.apply``: custom Functions, compiled
+graphs' backward and its lazy compile) with that thread's torch config
+overrides, as they are when the node runs, in a copy of its own context.
 """
 from __future__ import annotations
 
@@ -51,7 +55,7 @@ import types
 import warnings
 from typing import Any, Callable
 
-from . import patches
+from . import _core, patches
 
 OPTION = "config_follows_thread"
 WHAT = "config follows thread"
@@ -271,9 +275,32 @@ def enter_thread(thread: threading.Thread) -> None:
             for var, value in parent.items():
                 if var in known and value is not unset:
                     var.set(_own(value) if isinstance(value, copied) else value)
+        _core._enter_thread()  # its record, carried into autograd workers by its backward
     except Exception as e:  # noqa: BLE001
         warnings.warn(f"fxguard: thread {thread.name} starts without its starter's torch config: {e!r}",
                       RuntimeWarning, stacklevel=1)
+
+
+def run_with_config_of(context: contextvars.Context, fn: Callable, /, *args: Any) -> Any:
+    """On an autograd worker: call fn with the torch config overrides found in
+    ``context`` (the Context of the thread whose backward this is), in a copy
+    of the worker's own context, so nothing set here outlives the call."""
+    if _carrying.get() is context:  # a nested backward inside such a node: as it is
+        return fn(*args)
+    if _scan_needed:
+        scan()
+    known, unset = _vars, _UNSET if _UNSET is not None else _unset()
+    pairs = [(var, value) for var, value in context.items() if var in known and value is not unset]
+    return contextvars.copy_context().run(_call_with, context, pairs, fn, args)
+
+
+_carrying: contextvars.ContextVar = contextvars.ContextVar("fxguard.carrying", default=None)
+
+
+def _call_with(context: contextvars.Context, pairs: list, fn: Callable, args: tuple) -> Any:
+    _carrying.set(context)
+    _set(pairs)  # also marks the touched modules' cached hashes stale (in this copy)
+    return fn(*args)
 
 
 def _from(parent: contextvars.Context) -> list:

@@ -81,6 +81,21 @@ BLOCK_MASK = """\
 """
 
 
+# On an autograd worker (a device's thread, or the pool that takes over deep
+# reentrant backward) a backward node runs for the thread whose graph task it
+# is; torch 2.12+ keeps config overrides per thread (ContextVars), so the node
+# runs with that thread's overrides, read from the Context its record notes.
+# Under dynamo (never expected here) the original is inlined as it was.
+WORKER_CONFIG = """\
+    if __fxguard__.is_dynamo_compiling():
+        return __fxguard__.original({call})
+    context = __fxguard__.carried_context()
+    if context is None:
+        return __fxguard__.original({call})
+    return __fxguard__.run_with_config_of(context, __fxguard__.original, {call})
+"""
+
+
 @dataclass(frozen=True)
 class Wrapped:
     what: str
@@ -109,6 +124,16 @@ def config_is_process_global() -> bool:
     return not isinstance(getattr(entry, "user_override", None), contextvars.ContextVar)
 
 
+def _config_needs_carrying() -> str | None:
+    from . import config_threads
+    return None if config_threads.config_is_per_thread() else "not needed: config process-wide"
+
+
+def _run_with_config_of() -> Any:
+    from .config_threads import run_with_config_of
+    return run_with_config_of
+
+
 def _compile_lock() -> Any:
     from torch._dynamo.convert_frame import compile_lock
     return compile_lock
@@ -128,6 +153,11 @@ WRAPPED: tuple[Wrapped, ...] = (
             lambda: None,
             (("is_dynamo_compiling", _is_dynamo_compiling),
              ("block_mask_lock", lambda: _core.block_mask_lock)), option="block_mask_lock"),
+    Wrapped("config in autograd workers", "torch.autograd.function.BackwardCFunction.apply",
+            WORKER_CONFIG, _config_needs_carrying,
+            (("is_dynamo_compiling", _is_dynamo_compiling),
+             ("carried_context", lambda: _core._carried_context),
+             ("run_with_config_of", _run_with_config_of)), option="config_follows_thread"),
 )
 
 CONFIG_DEFAULTS: tuple[ConfigDefault, ...] = (

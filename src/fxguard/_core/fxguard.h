@@ -33,6 +33,7 @@ typedef struct {
     int kept;            /* in st->kept (torch 2.11 holds it without a reference) */
     unsigned long epoch; /* the install() whose slot layout `values` has */
     PyObject *values;    /* list: one value per slot */
+    PyObject *context;   /* the thread's contextvars.Context, for workers (or NULL) */
 } fxg_record;
 
 typedef struct {
@@ -41,6 +42,7 @@ typedef struct {
     Py_ssize_t tracing_records;  /* records whose flag is set (GIL-protected) */
     Py_ssize_t published;        /* records handed to torch's TLS */
     unsigned long epoch;         /* bumped by every _configure() */
+    int carry_context;           /* records note their thread's Context (config per thread) */
     /* The last thread's own record: a thread-state id is never reused, so
      * one compare replaces the thread-state dict lookup on the hot path. */
     uint64_t cached_id;
@@ -69,6 +71,8 @@ typedef struct {
 /* The record reads and writes on this thread go to, as a new reference;
  * created on first use.  NULL with an error set on failure. */
 fxg_record *fxg_record_for(fxg_state *st);
+/* The same, in a thread that Thread._bootstrap is starting. */
+fxg_record *fxg_record_for_new_thread(fxg_state *st);
 int fxg_thread_is_tracing(fxg_state *st);           /* 1, 0, or -1 with error */
 int fxg_thread_is_symbolic_tracing(fxg_state *st);  /* 1, 0, or -1 with error */
 /* Set the flag of the calling thread's record; returns that record (new
@@ -76,6 +80,9 @@ int fxg_thread_is_symbolic_tracing(fxg_state *st);  /* 1, 0, or -1 with error */
 fxg_record *fxg_thread_set_tracing(fxg_state *st, int value, int *prev);
 void fxg_record_set_flag(fxg_state *st, fxg_record *rec, int value);
 int fxg_upstream_set(fxg_state *st, PyObject *value);  /* 0 or -1 */
+/* On a worker running another thread's graph task: that thread's Context.
+ * New reference; Py_None elsewhere or when none is carried; NULL on error. */
+PyObject *fxg_carried_context(fxg_state *st);
 extern PyType_Spec fxg_record_spec;
 
 /* slot_view.c */

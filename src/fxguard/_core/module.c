@@ -53,6 +53,35 @@ thread_values(PyObject *module, PyObject *Py_UNUSED(ignored))
     return copy;
 }
 
+static PyObject *
+carried_context(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    return fxg_carried_context(state_of(module));
+}
+
+/* First thing in a thread started after install(): make its record now, so a
+ * backward it starts carries it (and its Context) into autograd workers. */
+static PyObject *
+enter_thread(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *copy = PyContext_CopyCurrent(); /* creates the thread's Context if it has none */
+    if (copy == NULL) {
+        return NULL;
+    }
+    Py_DECREF(copy);
+    fxg_state *st = state_of(module);
+    fxg_record *rec = fxg_record_for_new_thread(st);
+    if (rec == NULL) {
+        return NULL;
+    }
+    Py_DECREF(rec);
+    if ((rec = fxg_record_for(st)) == NULL) {
+        return NULL;
+    }
+    Py_DECREF(rec);
+    Py_RETURN_NONE;
+}
+
 static void
 clear_hooks(fxg_state *st)
 {
@@ -104,22 +133,25 @@ enum { HOOK_IS_COMPILING, HOOK_TLS_STASH, HOOK_TLS_HAS, HOOK_TLS_GET, HOOK_UPSTR
 
 /* _configure(mode, *, defaults=(), factories=(), is_compiling=None,
  *            tls_stash=None, tls_has=None, tls_get=None, upstream_get=None,
- *            upstream_set=None)
+ *            upstream_set=None, carry_context=False)
  * Called by install()/uninstall(): the slot layout, and which torch
  * functions the core may use.  Every call starts a new layout (epoch): each
- * thread's slots start again from `defaults`/`factories` on next use. */
+ * thread's slots start again from `defaults`/`factories` on next use.
+ * carry_context: records note their thread's contextvars Context, so that an
+ * autograd worker can run that thread's backward with its torch config. */
 static PyObject *
 configure(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"mode", "defaults", "factories", "is_compiling", "tls_stash",
-                             "tls_has", "tls_get", "upstream_get", "upstream_set", NULL};
-    int mode;
+                             "tls_has", "tls_get", "upstream_get", "upstream_set",
+                             "carry_context", NULL};
+    int mode, carry_context = 0;
     PyObject *defaults = NULL, *factories = NULL;
     PyObject *hooks[N_HOOKS] = {NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "i|$O!O!OOOOOO:_configure", kwlist, &mode,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "i|$O!O!OOOOOOp:_configure", kwlist, &mode,
                                      &PyTuple_Type, &defaults, &PyTuple_Type, &factories,
                                      &hooks[0], &hooks[1], &hooks[2], &hooks[3], &hooks[4],
-                                     &hooks[5])) {
+                                     &hooks[5], &carry_context)) {
         return NULL;
     }
     if (mode < FXG_MODE_OFF || mode > FXG_MODE_UPSTREAM) {
@@ -168,6 +200,7 @@ configure(PyObject *module, PyObject *args, PyObject *kwargs)
     st->upstream_get = Py_XNewRef(hooks[HOOK_UPSTREAM_GET]);
     st->upstream_set = Py_XNewRef(hooks[HOOK_UPSTREAM_SET]);
     st->mode = (fxg_mode)mode;
+    st->carry_context = carry_context;
     st->epoch++;
     Py_RETURN_NONE;
 }
@@ -184,6 +217,13 @@ static PyMethodDef core_methods[] = {
     {"_stash_steals", stash_steals_flag, METH_NOARGS,
      "Whether torch's _stash_obj_in_tls needed a compensating reference (torch 2.11)."},
     {"_mode", get_mode, METH_NOARGS, "MODE_OFF, MODE_PATCHED or MODE_UPSTREAM."},
+    {"_carried_context", carried_context, METH_NOARGS,
+     "_carried_context($module, /)\n--\n\n"
+     "On an autograd worker running another thread's graph task: that thread's "
+     "contextvars.Context (torch config lives there); None elsewhere."},
+    {"_enter_thread", enter_thread, METH_NOARGS,
+     "_enter_thread($module, /)\n--\n\n"
+     "Make the calling thread's record (and note its Context) now."},
     {"_configure", (PyCFunction)(void (*)(void))configure, METH_VARARGS | METH_KEYWORDS, NULL},
     {NULL, NULL, 0, NULL},
 };

@@ -7,6 +7,7 @@ static int
 record_traverse(PyObject *self, visitproc visit, void *arg)
 {
     Py_VISIT(((fxg_record *)self)->values);
+    Py_VISIT(((fxg_record *)self)->context);
     Py_VISIT(Py_TYPE(self));
     return 0;
 }
@@ -15,6 +16,7 @@ static int
 record_clear(PyObject *self)
 {
     Py_CLEAR(((fxg_record *)self)->values);
+    Py_CLEAR(((fxg_record *)self)->context);
     return 0;
 }
 
@@ -218,16 +220,16 @@ publish(fxg_state *st, fxg_record *rec)
     return 0;
 }
 
+/* python_thread: 1 or 0 if the caller knows, -1 to find out. */
 static fxg_record *
-new_own_record(fxg_state *st)
+new_own_record(fxg_state *st, int python_thread)
 {
     PyObject *tsdict = PyThreadState_GetDict();
     if (tsdict == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "fxguard: no thread state dict");
         return NULL;
     }
-    int python_thread = started_by_python();
-    if (python_thread < 0) {
+    if (python_thread < 0 && (python_thread = started_by_python()) < 0) {
         return NULL;
     }
     fxg_record *rec = PyObject_GC_New(fxg_record, st->record_type);
@@ -238,12 +240,25 @@ new_own_record(fxg_state *st)
     rec->worker = !python_thread;
     rec->epoch = st->epoch;
     rec->values = initial_values(st);
+    rec->context = NULL;
     PyObject_GC_Track((PyObject *)rec);
     if (rec->values == NULL || PyDict_SetItem(tsdict, st->record_key, (PyObject *)rec) < 0) {
         Py_DECREF(rec);
         return NULL;
     }
     return rec;
+}
+
+/* A Python thread's record notes the thread's current Context, where torch
+ * (2.12+) keeps config overrides: a worker running this thread's backward
+ * reads them there.  A pointer compare unless the thread switched contexts. */
+static void
+note_context(fxg_state *st, fxg_record *rec)
+{
+    PyObject *context = st->carry_context ? PyThreadState_Get()->context : NULL;
+    if (context != rec->context) {
+        Py_XSETREF(rec->context, Py_XNewRef(context));
+    }
 }
 
 fxg_record *
@@ -256,6 +271,7 @@ fxg_record_for(fxg_state *st)
     if (own != NULL && !own->worker) {
         /* The common case: a Python thread with its record. */
         Py_INCREF(own);
+        note_context(st, own);
     }
     else {
         /* A worker acts for the thread whose graph task it runs; with none
@@ -270,8 +286,11 @@ fxg_record_for(fxg_state *st)
         else if (own != NULL) {
             Py_INCREF(own);
         }
-        else if ((own = new_own_record(st)) == NULL) {
+        else if ((own = new_own_record(st, -1)) == NULL) {
             return NULL;
+        }
+        else if (!own->worker) {
+            note_context(st, own);
         }
     }
     /* A record made before install() is published on its first use after. */
@@ -280,6 +299,42 @@ fxg_record_for(fxg_state *st)
         return NULL;
     }
     return own;
+}
+
+fxg_record *
+fxg_record_for_new_thread(fxg_state *st)
+{
+    /* threading.Thread._bootstrap runs this before the thread is in
+     * threading._active, where started_by_python() looks. */
+    fxg_record *own = own_record(st);
+    if (own == NULL && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (own == NULL && (own = new_own_record(st, 1)) == NULL) {
+        return NULL;
+    }
+    Py_INCREF(own);
+    return own; /* fxg_record_for() publishes it and notes the Context */
+}
+
+PyObject *
+fxg_carried_context(fxg_state *st)
+{
+    fxg_record *own = own_record(st);
+    if (own != NULL && !own->worker) {
+        Py_RETURN_NONE; /* a Python thread runs its own backward */
+    }
+    if (own == NULL && PyErr_Occurred()) {
+        return NULL;
+    }
+    fxg_record *carried = carried_record(st);
+    if (carried == NULL) {
+        return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+    }
+    PyObject *context = carried->context != NULL ? carried->context : Py_None;
+    Py_INCREF(context);
+    Py_DECREF(carried);
+    return context;
 }
 
 /* -- the FX flag ---------------------------------------------------------------- */

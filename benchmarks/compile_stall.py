@@ -15,6 +15,11 @@ The GIL caps a warm thread while another compiles, stock torch included, so
 fxguard is judged against stock's own ratio.
 
     python benchmarks/compile_stall.py [--device cuda] [--threads 3] [--json out.json]
+
+``--eager-flex``: the warm step calls ``flex_attention`` uncompiled (torch
+wraps it in ``_set_compilation_env`` and a cached HOP compile), the path where
+fxguard's config-window lock (torch <= 2.12) holds dynamo's compile_lock;
+mode ``fxguard-nowindow`` is fxguard with ``config_window_lock=False``.
 """
 from __future__ import annotations
 
@@ -31,18 +36,20 @@ import threading
 import time
 
 MODES = ("stock", "serialized", "fxguard")
+OPTIONS = {"fxguard": {}, "fxguard-nowindow": {"config_window_lock": False}}
 
 
-def child(mode: str, device: str, threads: int, compiles: int, solo_s: float, out: str) -> None:
+def child(mode: str, device: str, threads: int, compiles: int, solo_s: float, out: str,
+          eager_flex: bool = False) -> None:
     import torch
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    if mode == "fxguard":
+    if mode in OPTIONS:
         import fxguard
-        fxguard.install()
+        fxguard.install(**OPTIONS[mode])
     lock = threading.Lock() if mode == "serialized" else None
     seq = 256
-    flex = torch.compile(flex_attention)
+    flex = flex_attention if eager_flex else torch.compile(flex_attention)
     q, k, v = (torch.randn(1, 4, seq, 64, device=device) for _ in range(3))
 
     def causal(b, h, q_idx, kv_idx):
@@ -127,6 +134,7 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict:
                    TORCHINDUCTOR_FX_GRAPH_CACHE="0", PYTHONUNBUFFERED="1")
         cmd = [sys.executable, __file__, "--child", mode, "--device", args.device, "--threads",
                str(args.threads), "--compiles", str(args.compiles), "--solo", str(args.solo), "--out", out]
+        cmd += ["--eager-flex"] if args.eager_flex else []
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
         if proc.returncode != 0 or not os.path.exists(out):
             return {"mode": mode, "status": "failed", "detail": (proc.stdout + proc.stderr)[-2000:]}
@@ -149,12 +157,13 @@ def main() -> int:
     p.add_argument("--solo", type=float, default=3.0, help="seconds measured with no compile running")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--eager-flex", action="store_true", help="warm steps call flex_attention uncompiled")
     p.add_argument("--json")
     p.add_argument("--child")
     p.add_argument("--out")
     args = p.parse_args()
     if args.child:
-        child(args.child, args.device, args.threads, args.compiles, args.solo, args.out)
+        child(args.child, args.device, args.threads, args.compiles, args.solo, args.out, args.eager_flex)
         return 0
     report = {"versions": versions(), "args": {k: v for k, v in vars(args).items() if k not in ("child", "out")},
               "modes": {}}

@@ -4,7 +4,9 @@ AOTAutograd's joint tracing calls torch.autograd.grad inside make_fx; on a GPU
 the backward nodes run on the device's autograd worker thread, which serves
 every thread's graph tasks.  fxguard carries the tracing thread's cell there
 through torch's ThreadLocalPythonObjects.  On CPU the caller runs its own
-backward, so the CPU case checks the same property without a worker.
+backward (case "cpu": the same property without a worker), except past the
+engine's reentrant depth limit, where the engine's pool thread takes over
+(case "cpu-pool": a real worker on CPU).
 """
 import threading
 
@@ -12,7 +14,7 @@ import pytest
 import torch
 from guarded import both_ways, run_together, torch_races
 
-DEVICES = ["cpu", pytest.param("cuda", marks=[
+DEVICES = ["cpu", "cpu-pool", pytest.param("cuda", marks=[
     pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])]
 
 
@@ -31,7 +33,32 @@ class Probe(torch.autograd.Function):
         return grad
 
 
+class Reenter(torch.autograd.Function):
+    """Backward starts a nested backward, 62 levels down: past the engine's
+    reentrant limit (60) the levels run on its pool thread, a real worker on
+    CPU; the last level runs the Probe there."""
+
+    @staticmethod
+    def forward(ctx, x, depth):
+        ctx.depth = depth
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        with torch.enable_grad():
+            x = torch.ones(4, requires_grad=True)
+            if ctx.depth < 62:
+                torch.autograd.grad(Reenter.apply(x, ctx.depth + 1).sum(), x)
+            else:
+                Probe.apply(x).sum().backward()
+        return grad, None
+
+
 def run_backward(device):
+    if device == "cpu-pool":
+        x = torch.ones(4, requires_grad=True)
+        Reenter.apply(x, 0).sum().backward()
+        return
     x = torch.ones(4, device=device, requires_grad=True)
     Probe.apply(x).sum().backward()
 
@@ -77,6 +104,8 @@ def test_backward_sees_the_state_of_the_thread_it_runs_for(guard, device):
     (a_thread, a_saw), (b_thread, b_saw) = Probe.records
     if device == "cuda":  # both ran on the device's worker, not on A or B
         assert a_thread not in (who["a"], who["b"]) and b_thread == a_thread
+    if device == "cpu-pool":  # both ran on the engine's pool thread
+        assert a_thread not in (who["a"], who["b"]) and b_thread not in (who["a"], who["b"])
     compiling = hasattr(torch.compiler, "_compile_session_context")
     assert a_saw == (True, compiling), "backward run for the tracing thread must see its state"
     assert b_saw == (False, False), "backward run for another thread must not"

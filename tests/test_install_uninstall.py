@@ -29,6 +29,8 @@ def snapshot():
         "class_attrs": (torch.fx._symbolic_trace.Tracer.__dict__["trace"],
                         torch.autograd.function.BackwardCFunction.__dict__["apply"],
                         torch.autograd.function.BackwardCFunction.__dict__["apply"].__code__),
+        "entry_classes": [(e, type(e)) for m in (importlib.import_module("torch._dynamo.config"),)
+                          for e in m._config.values()],
         "config": (fconfig.force_non_lazy_backward_lowering,
                    fconfig._config["force_non_lazy_backward_lowering"].default),
     }

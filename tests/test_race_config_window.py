@@ -38,3 +38,62 @@ def test_no_compile_of_another_thread_inside_the_config_window(guard):
 
     run_together(window, compile_elsewhere)
     assert seen == [before], f"compiled under the window's config {seen[0]}"
+
+
+@both_ways(races=config_is_process_global)
+def test_interleaved_windows_leave_the_config_as_it_was(guard):
+    """Window A saves False and sets True; window B saves A's True; A restores
+    False; B restores True: stock keeps the window's config for good."""
+    before = (torch._dynamo.config.capture_scalar_outputs, torch._dynamo.config.allow_empty_graphs)
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    inside = []
+
+    def a():
+        with _set_compilation_env():
+            inside.append(torch._dynamo.config.capture_scalar_outputs)
+            a_in.set()
+            b_in.wait(10)
+        a_out.set()
+
+    def b():
+        a_in.wait(10)
+        with _set_compilation_env():
+            inside.append(torch._dynamo.config.capture_scalar_outputs)
+            b_in.set()
+            a_out.wait(10)
+
+    run_together(a, b)
+    assert inside == [True, True]  # each window sees its own config
+    after = (torch._dynamo.config.capture_scalar_outputs, torch._dynamo.config.allow_empty_graphs)
+    assert after == before, f"config left at {after}"
+
+
+def test_a_window_does_not_wait_for_another_threads_compile():
+    """Eager flex_attention opens the window on every call: it must not queue
+    behind a compile running in another thread (fxguard 0.2 held dynamo's
+    compile_lock for the window: a warm eager-flex thread waited out every
+    compile)."""
+    import fxguard
+    fxguard.install()
+    compiling, release, entered = threading.Event(), threading.Event(), threading.Event()
+
+    def held_backend(gm, example_inputs):
+        compiling.set()
+        release.wait(30)
+        return gm.forward
+
+    def compile_held():
+        torch.compile(lambda x: x * 3 + 2, backend=held_backend)(torch.ones(3))
+
+    def window():
+        compiling.wait(10)
+        threading.Timer(5.0, release.set).start()  # a window that waits is let go after 5 s
+        try:
+            with _set_compilation_env():
+                if not release.is_set():
+                    entered.set()
+        finally:
+            release.set()
+
+    run_together(compile_held, window)
+    assert entered.is_set(), "the window waited for the other thread's compile"

@@ -40,8 +40,9 @@ def install(**options: bool) -> dict:
 
     Options (all default True): ``block_mask_lock`` (torch's eager
     create_block_mask takes fxguard.block_mask_lock), ``config_window_lock``
-    (no other thread's dynamo compile runs inside _set_compilation_env's
-    config window, where that config is process-wide), ``eager_backward``
+    (the dynamo config _set_compilation_env sets for its window stays in the
+    thread inside it, where that config is process-wide, torch <= 2.12; the
+    name is kept from when this was a lock), ``eager_backward``
     (compile backward graphs with the forward, which removes the shared-GPU
     deadlock), ``config_follows_thread`` (a new thread starts with a copy of
     its starter's torch config overrides; see config_snapshot()).  Raises

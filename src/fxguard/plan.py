@@ -15,7 +15,7 @@ import types
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import _core, patches
+from . import _core, patches, thread_overlay
 from .per_thread import NotCovered, PerThread, Planner
 
 FLAG = "_is_fx_tracing_flag"
@@ -60,13 +60,18 @@ PER_THREAD: tuple[PerThread, ...] = (
 
 # -- locks around functions, config defaults ----------------------------------
 
-# _set_compilation_env flips process-global dynamo config (torch <= 2.12) for
-# its window; dynamo compiles hold compile_lock, so holding it for the window
-# keeps every other thread's compile out.
+# _set_compilation_env sets dynamo config for its window (eager flex_attention,
+# HOP compiles) and puts the old values back.  On torch <= 2.12 that config is
+# process-wide: another thread's compile would read the window's values, and
+# two windows' saves and restores interleave.  The window is made per thread:
+# its writes to these entries stay in the thread that is inside it (no lock:
+# holding dynamo's compile_lock for the window made an eager flex call wait
+# for every other thread's compile).
 CONFIG_WINDOW = """\
-    with __fxguard__.compile_lock:
+    with __fxguard__.window():
         yield from __fxguard__.original({call})
 """
+WINDOW_CONFIG = ("torch._dynamo.config", ("allow_empty_graphs", "capture_scalar_outputs"))
 
 # Eager mask creation holds block_mask_lock.  Not across a compile: with
 # _compile=True a new shape compiles, and one lock would queue every thread's
@@ -104,6 +109,8 @@ class Wrapped:
     needed: Callable[[], str | None]          # None if needed, else the reason it is not
     helpers: tuple[tuple[str, Callable[[], Any]], ...] = ()
     option: str | None = None
+    # (config module, entry names): entries whose user_override the window keeps per thread
+    windowed: tuple[str, tuple[str, ...]] | None = None
 
 
 @dataclass(frozen=True)
@@ -134,21 +141,17 @@ def _run_with_config_of() -> Any:
     return run_with_config_of
 
 
-def _compile_lock() -> Any:
-    from torch._dynamo.convert_frame import compile_lock
-    return compile_lock
-
-
 def _is_dynamo_compiling() -> Any:
     import torch
     return torch.compiler.is_dynamo_compiling
 
 
 WRAPPED: tuple[Wrapped, ...] = (
-    Wrapped("config window lock", "torch._higher_order_ops.utils._set_compilation_env",
+    Wrapped("config window per thread", "torch._higher_order_ops.utils._set_compilation_env",
             CONFIG_WINDOW,
             lambda: None if config_is_process_global() else "not needed: config per thread",
-            (("compile_lock", _compile_lock),), option="config_window_lock"),
+            (("window", lambda: thread_overlay.window),), option="config_window_lock",
+            windowed=WINDOW_CONFIG),
     Wrapped("block-mask lock", "torch.nn.attention.flex_attention.create_block_mask", BLOCK_MASK,
             lambda: None,
             (("is_dynamo_compiling", _is_dynamo_compiling),
@@ -267,12 +270,29 @@ def _wrap(wrap: Wrapped, options: dict, planner: Planner, helpers: dict, changes
         return "not available on this torch"
     if "{call}" in wrap.body and "_compile" in wrap.body and "_compile" not in fn.__code__.co_varnames:
         return "not available on this torch"
+    overlays = _overlays(wrap)
+    if overlays is None:
+        return "not available on this torch"
+    changes += overlays
     helper = helpers.setdefault(fn.__module__, types.ModuleType(f"fxguard.helpers[{fn.__module__}]"))
     helper.original = patches.shadow_function(fn, planner.code_for(fn))
     for name, make in wrap.helpers:
         setattr(helper, name, make())
     changes.append((wrap.what, fn, "__code__", patches.wrapper_code(fn, wrap.body)))
     return "patched"
+
+
+def _overlays(wrap: Wrapped) -> list | None:
+    """Changes making the row's windowed config entries honour thread_overlay.window();
+    None if one is missing."""
+    if wrap.windowed is None:
+        return []
+    module, names = wrap.windowed
+    entries = getattr(importlib.import_module(module), "_config", {})
+    if any(name not in entries for name in names):
+        return None
+    return [(wrap.what, entries[name], "__class__", thread_overlay.overlaid(entries[name], "user_override"))
+            for name in names]
 
 
 def _config_default(cfg: ConfigDefault, options: dict, changes: list) -> str:

@@ -25,6 +25,7 @@ class Patch(NamedTuple):
     attr: str       # which attribute
     original: Any   # what was there (MISSING if nothing)
     value: Any      # what we put there
+    version: tuple | None = None  # a function's (version, defaults, kwdefaults) before __code__ changed
 
 
 _applied: list[Patch] = []
@@ -47,11 +48,15 @@ def resolve_path(path: str) -> tuple[object, str, object]:
 def apply_patch(label: str, owner: object, attr: str, value: Any) -> Patch:
     """Set (or, with value MISSING, delete) ``owner.attr``, saving what was there."""
     original = getattr(owner, attr, MISSING)
+    version = None
+    if attr == "__code__" and isinstance(owner, types.FunctionType):
+        from . import _core
+        version = (_core._function_version(owner), owner.__defaults__, owner.__kwdefaults__)
     if value is MISSING:
         delattr(owner, attr)
     else:
         setattr(owner, attr, value)
-    patch = Patch(label, owner, attr, original, value)
+    patch = Patch(label, owner, attr, original, value, version)
     _applied.append(patch)
     return patch
 
@@ -62,6 +67,17 @@ def revert(patch: Patch) -> None:
             delattr(patch.owner, patch.attr)
     else:
         setattr(patch.owner, patch.attr, patch.original)
+        if patch.version is not None:
+            _restore_version(patch.owner, *patch.version)
+
+
+def _restore_version(fn: types.FunctionType, version: int, defaults: Any, kwdefaults: Any) -> None:
+    """Setting __code__ clears a function's specialisation version (3.11+), for
+    good on 3.13: stock call sites would stay unspecialised after uninstall.
+    Give it back, only if the function is again exactly what it described."""
+    if fn.__defaults__ is defaults and fn.__kwdefaults__ is kwdefaults:
+        from . import _core
+        _core._restore_function_version(fn, version)
 
 
 def revert_all() -> None:

@@ -14,6 +14,13 @@ into ``patches`` changes, computed without touching anything:
    thread's value (chained to a ``__getattr__`` the module already had);
 4. last, the module global itself is deleted.
 
+A row may also name *readers*: functions of the owning module that only
+return the global (or, kind ``"symbolic"``, the FX flag and not
+``is_compiling()``).  Their calls are answered by a ``_core.Reader`` in C,
+with no Python frame: through the function's vectorcall pointer where the
+interpreter honours it (``_core.VECTORCALL_READERS``), else from code that
+calls ``Reader.read``.
+
 A row whose global is missing is reported ``not available on this torch``;
 one whose module source has a use that no rewritten function covers is
 refused, since a silent miss would leave a process-wide read behind.
@@ -21,14 +28,30 @@ refused, since a silent miss would leave a process-wide read behind.
 from __future__ import annotations
 
 import importlib
+import inspect
+import sys
 import types
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from . import _core, rewrite
+from . import _core, patches, rewrite
 from .patches import MISSING
 
 VIEW = "__fxguard_tls__"
+
+
+@dataclass(frozen=True)
+class FastReader:
+    """A function of a row's module that only returns the row's global."""
+    name: str
+    kind: str = "value"      # "value": the global; "symbolic": FX flag and not is_compiling()
+    code_route: bool = True  # False: not where code must call Reader.read (3.11), as for a
+                             # function dynamo inlines (it cannot trace Reader.read)
+
+    @property
+    def served(self) -> bool:
+        """Whether this Python serves it from C."""
+        return bool(_core.VECTORCALL_READERS) or self.code_route
 
 
 @dataclass(frozen=True)
@@ -41,10 +64,15 @@ class PerThread:
     writers: tuple[str, ...] = ()        # 'pkg.mod.func' in other modules assigning module.name
     aliases: tuple[str, ...] = ()        # modules whose functions read a ``from module import name``
     flag: bool = False                   # kept in the record's C flag (the FX-tracing flag)
+    readers: tuple[FastReader, ...] = ()  # functions of the module answered in C (see above)
 
     @property
     def where(self) -> str:
         return f"{self.module}.{self.name}"
+
+
+READER_KINDS = {"value": _core.READ_VALUE, "symbolic": _core.READ_SYMBOLIC}
+READ_PREFIX = "__fxguard_read_"   # + function name + "__": Reader.read, where code calls it
 
 
 class NotCovered(RuntimeError):
@@ -84,6 +112,7 @@ class Planner:
         self.targets: dict[int, tuple[types.FunctionType, set, dict]] = {}  # fn, names, attributes
         self.getattrs: dict[str, dict[str, int]] = {}  # owning module -> {name: slot}
         self.deletes: list[tuple[types.ModuleType, str]] = []
+        self.readers: dict[int, tuple[types.FunctionType, Any]] = {}  # fn -> (fn, Reader)
 
     def add(self, row: PerThread) -> str:
         """Plan one row; returns its status reason.  Raises NotCovered, and
@@ -115,6 +144,10 @@ class Planner:
             self._redirect_writer(path, row, slot)
         self.getattrs.setdefault(row.module, {})[row.name] = slot
         self.deletes.append((owner, row.name))
+        for reader in row.readers:
+            fn = vars(owner).get(reader.name)
+            if reader.served and fn in users and _takes_no_arguments(fn):  # else: rewritten code
+                self.readers[id(fn)] = (fn, _core.Reader(READER_KINDS[reader.kind], slot))
         return "patched"
 
     def _view(self, module: str, row: PerThread, slot: int) -> None:
@@ -160,7 +193,13 @@ class Planner:
         if id(fn) not in self.targets:
             return fn.__code__
         _, names, attributes = self.targets[id(fn)]
-        return rewrite.redirect(fn, names, VIEW, attributes)[0]
+        code = rewrite.redirect(fn, names, VIEW, attributes)[0]
+        if id(fn) in self.readers:
+            reader = self.readers[id(fn)][1]
+            if _core.VECTORCALL_READERS:  # the Reader finds itself as the last constant
+                return code.replace(co_consts=code.co_consts + (reader,))
+            return patches.wrapper_code(fn, f"    return {READ_PREFIX}{fn.__name__}__()\n")
+        return code
 
     def initial(self) -> list[tuple[types.ModuleType, str, Any]]:
         """(module, name, value now): what the installing thread starts with."""
@@ -174,13 +213,24 @@ class Planner:
         out = []
         for module, names in self.views.items():
             out.append((label, importlib.import_module(module), VIEW, _core.SlotView(names)))
+        if not _core.VECTORCALL_READERS:
+            out += [(label, sys.modules[fn.__module__], f"{READ_PREFIX}{fn.__name__}__", reader.read)
+                    for fn, reader in self.readers.values()]
         out += [(label, fn, "__code__", self.code_for(fn)) for fn, _, _ in self.targets.values()]
+        if _core.VECTORCALL_READERS:
+            out += [(label, reader, "function", fn) for fn, reader in self.readers.values()]
         for module, names in self.getattrs.items():
             owner = importlib.import_module(module)
             out.append((label, owner, "__getattr__",
                         _module_getattr(owner, names, vars(owner).get("__getattr__"))))
         out += [(label, owner, name, MISSING) for owner, name in self.deletes]
         return out
+
+
+def _takes_no_arguments(fn: Any) -> bool:
+    code = getattr(fn, "__code__", None)
+    return isinstance(fn, types.FunctionType) and code.co_argcount == 0 and \
+        code.co_kwonlyargcount == 0 and not code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
 
 
 def _module_getattr(module: types.ModuleType, names: dict[str, int], chained: Any) -> Callable:

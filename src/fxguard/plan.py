@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import _core, patches, thread_overlay
-from .per_thread import NotCovered, PerThread, Planner
+from .per_thread import FastReader, NotCovered, PerThread, Planner
 
 FLAG = "_is_fx_tracing_flag"
 FLAG_MODULE = "torch.fx._symbolic_trace"
@@ -37,18 +37,28 @@ COMPILING_STATE = "torch._export.utils._compiling_state_context"  # export assig
 PER_THREAD: tuple[PerThread, ...] = (
     # The FX-tracing flag: compile_wrapper raises when it reads True.
     PerThread(FLAG_MODULE, FLAG, False, flag=True,
-              writers=("torch._higher_order_ops.utils._set_compilation_env",)),
+              writers=("torch._higher_order_ops.utils._set_compilation_env",),
+              readers=(FastReader("is_fx_symbolic_tracing", "symbolic"),)),  # every compiled call
     # is_compiling(): True in every thread during any compile (2.13+), so
-    # transformers picks uncompiled flex_attention.
-    PerThread("torch.compiler", "_is_compiling_flag", False, writers=(COMPILING_STATE,)),
-    PerThread("torch.compiler", "_is_exporting_flag", False, writers=(COMPILING_STATE,)),
+    # transformers picks uncompiled flex_attention.  is_compiling()'s other
+    # branch, torch.jit.is_scripting(), is False outside TorchScript, which
+    # compiles the source, not the function object.
+    PerThread("torch.compiler", "_is_compiling_flag", False, writers=(COMPILING_STATE,),
+              readers=(FastReader("is_compiling"),)),
+    PerThread("torch.compiler", "_is_exporting_flag", False, writers=(COMPILING_STATE,),
+              readers=(FastReader("is_exporting"),)),
     PerThread("torch.compiler", "_is_non_strict_tracing_flag", False),
     # Node meta: create_block_mask's annotate() against another thread's trace
     # (KeyError: 'custom').  flex_attention.py imported current_meta by value.
+    # Dynamo inlines these readers (traces their code), so on 3.11 they keep
+    # their rewritten code: dynamo cannot trace a call of Reader.read.
     PerThread("torch.fx.traceback", "current_meta", factory=dict,
-              aliases=("torch._higher_order_ops.flex_attention",)),
-    PerThread("torch.fx.traceback", "current_replay_node", None),
-    PerThread("torch.fx.traceback", "should_preserve_node_meta", False),
+              aliases=("torch._higher_order_ops.flex_attention",),
+              readers=(FastReader("get_current_meta", code_route=False),)),
+    PerThread("torch.fx.traceback", "current_replay_node", None,
+              readers=(FastReader("get_current_replay_node", code_route=False),)),
+    PerThread("torch.fx.traceback", "should_preserve_node_meta", False,
+              readers=(FastReader("has_preserved_node_meta", code_route=False),)),
     PerThread("torch.fx.traceback", "_should_preserve_node_meta", False),
     # A HOP's eager autograd must not re-enter another thread's make_fx.
     PerThread("torch.fx.experimental.proxy_tensor", "_CURRENT_MAKE_FX_TRACER", None),

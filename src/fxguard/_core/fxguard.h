@@ -64,6 +64,7 @@ typedef struct {
     PyTypeObject *slot_view_type;
     PyTypeObject *fx_tracing_type;
     PyTypeObject *rlock_type;
+    PyTypeObject *reader_type;
     PyObject *rlock_registry;  /* capsule: the live RLocks, reset after fork (rlock.c) */
 } fxg_state;
 
@@ -87,6 +88,12 @@ extern PyType_Spec fxg_record_spec;
 
 /* slot_view.c */
 extern PyType_Spec fxg_slot_view_spec;
+/* The calling thread's value of a slot (new reference), NULL with an error. */
+PyObject *fxg_slot_value(fxg_state *st, Py_ssize_t index);
+
+/* reader.c */
+extern PyType_Spec fxg_reader_spec;
+int fxg_reader_module_exec(PyObject *module); /* its functions and constants; 0 or -1 */
 
 /* fx_tracing.c */
 extern PyType_Spec fxg_fx_tracing_spec;

@@ -92,15 +92,9 @@ check_index(fxg_record *rec, Py_ssize_t index)
     return 0;
 }
 
-static PyObject *
-slot_view_getattro(PyObject *self, PyObject *name)
+PyObject *
+fxg_slot_value(fxg_state *st, Py_ssize_t index)
 {
-    Py_ssize_t index;
-    int found = slot_of((SlotViewObject *)self, name, &index);
-    if (found <= 0) {
-        return found < 0 ? NULL : PyObject_GenericGetAttr(self, name);
-    }
-    fxg_state *st = fxg_state_of_type(Py_TYPE(self));
     fxg_record *rec = fxg_record_for(st);
     if (rec == NULL) {
         return NULL;
@@ -114,6 +108,17 @@ slot_view_getattro(PyObject *self, PyObject *name)
     }
     Py_DECREF(rec);
     return value;
+}
+
+static PyObject *
+slot_view_getattro(PyObject *self, PyObject *name)
+{
+    Py_ssize_t index;
+    int found = slot_of((SlotViewObject *)self, name, &index);
+    if (found <= 0) {
+        return found < 0 ? NULL : PyObject_GenericGetAttr(self, name);
+    }
+    return fxg_slot_value(fxg_state_of_type(Py_TYPE(self)), index);
 }
 
 static int

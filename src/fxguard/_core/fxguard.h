@@ -91,6 +91,12 @@ extern PyType_Spec fxg_slot_view_spec;
 /* The calling thread's value of a slot (new reference), NULL with an error. */
 PyObject *fxg_slot_value(fxg_state *st, Py_ssize_t index);
 
+/* cached_method.c: defs[i] goes into owner's dict as a method that binds
+ * once per instance, into the PyObject * slot at offsets[i] (which owner
+ * must visit and clear).  defs ends with a NULL name.  0 or -1. */
+int fxg_cache_methods(PyObject *module, PyTypeObject *owner, PyMethodDef *defs,
+                      const Py_ssize_t *offsets);
+
 /* reader.c */
 extern PyType_Spec fxg_reader_spec;
 int fxg_reader_module_exec(PyObject *module); /* its functions and constants; 0 or -1 */
@@ -102,6 +108,8 @@ extern PyType_Spec fxg_fx_tracing_spec;
 extern PyType_Spec fxg_rlock_spec;
 /* Before the first RLock is made: its registry, and the after-fork hook. */
 int fxg_rlock_module_exec(fxg_state *st);  /* 0 or -1 */
+/* After the type is made: __enter__/__exit__ that bind once per lock. */
+int fxg_rlock_type_exec(PyObject *module, PyTypeObject *type);  /* 0 or -1 */
 
 static inline fxg_state *
 fxg_state_of_type(PyTypeObject *tp)

@@ -267,6 +267,7 @@ core_exec(PyObject *module)
         add_type(module, &fxg_slot_view_spec, &st->slot_view_type, "SlotView") < 0 ||
         add_type(module, &fxg_fx_tracing_spec, &st->fx_tracing_type, "fx_tracing") < 0 ||
         add_type(module, &fxg_rlock_spec, &st->rlock_type, "RLock") < 0 ||
+        fxg_rlock_type_exec(module, st->rlock_type) < 0 ||
         add_type(module, &fxg_reader_spec, &st->reader_type, "Reader") < 0 ||
         fxg_reader_module_exec(module) < 0) {
         return -1;

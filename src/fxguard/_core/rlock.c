@@ -74,6 +74,8 @@ struct RLockObject {
 #if !FXG_MANAGED_WEAKREF
     PyObject *weakreflist;
 #endif
+    PyObject *bound_enter; /* __enter__ and __exit__ bound to this lock, made on */
+    PyObject *bound_exit;  /* first use (cached_method.c: a with-cycle allocates nothing) */
 };
 
 static long long
@@ -152,7 +154,17 @@ rlock_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 static int
 rlock_traverse(PyObject *self, visitproc visit, void *arg)
 {
+    Py_VISIT(((RLockObject *)self)->bound_enter);
+    Py_VISIT(((RLockObject *)self)->bound_exit);
     Py_VISIT(Py_TYPE(self));
+    return 0;
+}
+
+static int
+rlock_clear(PyObject *self)
+{
+    Py_CLEAR(((RLockObject *)self)->bound_enter);
+    Py_CLEAR(((RLockObject *)self)->bound_exit);
     return 0;
 }
 
@@ -180,6 +192,7 @@ rlock_dealloc(PyObject *self)
             o->next->prev = o->prev;
         }
     }
+    rlock_clear(self);
     Py_XDECREF(o->registry_capsule); /* after unlinking: it may free the registry */
     if (o->wakeup != NULL) {
         PyThread_free_lock(o->wakeup);
@@ -727,10 +740,6 @@ static PyMethodDef rlock_methods[] = {
     {"release", rlock_release, METH_NOARGS,
      "release($self, /)\n--\n\n"
      "Undo one acquire().  RuntimeError unless the calling thread holds the lock."},
-    {"__enter__", rlock_enter, METH_NOARGS,
-     "__enter__($self, /)\n--\n\nacquire(), blocking without timeout."},
-    {"__exit__", (PyCFunction)(void (*)(void))rlock_exit, METH_FASTCALL,
-     "__exit__($self, /, *exc_info)\n--\n\nrelease()."},
     {"locked", rlock_locked, METH_NOARGS,
      "locked($self, /)\n--\n\nTrue while any thread holds the lock."},
     {"_is_owned", rlock_is_owned, METH_NOARGS,
@@ -768,6 +777,7 @@ static PyType_Slot rlock_slots[] = {
     {Py_tp_new, rlock_new},
     {Py_tp_dealloc, rlock_dealloc},
     {Py_tp_traverse, rlock_traverse},
+    {Py_tp_clear, rlock_clear},
 #if !FXG_MANAGED_WEAKREF
     {Py_tp_members, rlock_members},
 #endif
@@ -856,4 +866,20 @@ fxg_rlock_module_exec(fxg_state *st)
         return -1;
     }
     return register_after_fork(st->rlock_registry);
+}
+
+static PyMethodDef rlock_with_methods[] = {
+    {"__enter__", rlock_enter, METH_NOARGS,
+     "__enter__($self, /)\n--\n\nacquire(), blocking without timeout."},
+    {"__exit__", (PyCFunction)(void (*)(void))rlock_exit, METH_FASTCALL,
+     "__exit__($self, /, *exc_info)\n--\n\nrelease()."},
+    {NULL, NULL, 0, NULL},
+};
+
+int
+fxg_rlock_type_exec(PyObject *module, PyTypeObject *type)
+{
+    static const Py_ssize_t slots[] = {offsetof(RLockObject, bound_enter),
+                                       offsetof(RLockObject, bound_exit)};
+    return fxg_cache_methods(module, type, rlock_with_methods, slots);
 }

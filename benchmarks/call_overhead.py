@@ -1,32 +1,61 @@
 """Per-call cost of what torch calls on every step, stock vs fxguard, in one process.
 
 Reported as ratios to the stock figure measured alongside (never as absolute
-claims): is_fx_tracing(), is_fx_symbolic_tracing() through torch's own
-function objects before and after install(), fxguard's C functions, the same
-while another thread is tracing, and the block-mask lock's uncontended cycle
-against threading.Lock and threading.RLock.
+claims).  Two modes:
 
-    python benchmarks/call_overhead.py [--json out.json]
+- torch (default): torch's own reader function objects (is_fx_symbolic_tracing,
+  is_fx_tracing, is_compiling, get_current_meta) before install(), after it,
+  and after uninstall(); fxguard's C readers; the same while another thread
+  is tracing; the block-mask lock's uncontended cycle against threading.Lock.
+- ``--mechanism``: no torch.  The same machinery (per_thread.Planner, the C
+  Reader, patches) applied to plain one-line readers of a throwaway module,
+  so the *mechanism* can be measured on Pythons without a torch wheel.  These
+  are not torch figures.
+
+    python benchmarks/call_overhead.py [--mechanism] [--json out.json]
 """
 from __future__ import annotations
 
 import argparse
+import importlib
+import itertools
 import json
+import os
 import platform
+import sys
+import tempfile
 import threading
 import time
 import timeit
 
-import torch
-
 import fxguard
+from fxguard import _core, patches
+from fxguard.per_thread import FastReader, PerThread, Planner
 
-N = 200_000
-REPEATS = 7
+N = 20_000
+REPEATS = 40  # best of many short runs; figures that are compared run interleaved (a busy machine drifts)
 
 
-def best_ns(stmt, number=N) -> float:
-    return min(timeit.repeat(stmt, number=number, repeat=REPEATS)) / number * 1e9
+def best_ns(*fns, number=N) -> list[float]:
+    """Each fn called from a Python call site (timeit's loop, which CPython
+    specialises), the fns taking turns; best ns per call of each."""
+    best = [float("inf")] * len(fns)
+    for _ in range(REPEATS):
+        for i, fn in enumerate(fns):
+            best[i] = min(best[i], timeit.timeit(fn, number=number) / number * 1e9)
+    return best
+
+
+def from_c(fn, number=N):
+    """A loop that calls fn from C: iter(fn, sentinel) calls it on each step."""
+    def run():
+        for _ in itertools.islice(iter(fn, Ellipsis), number):
+            pass
+    return run
+
+
+def best_ns_from_c(*fns) -> list[float]:
+    return [t / N for t in best_ns(*[from_c(fn) for fn in fns], number=1)]
 
 
 def lock_cycle(lock):
@@ -45,20 +74,47 @@ def acquire_release(lock):
     return cycle
 
 
-def measure() -> dict:
-    st = torch.fx._symbolic_trace
-    tracing, symbolic = st.is_fx_tracing, st.is_fx_symbolic_tracing  # the objects torch holds
-    tracing()  # the once-only warning, out of the way
-    fxguard.uninstall()
-    r = {"stock is_fx_tracing": best_ns(tracing),
-         "stock is_fx_symbolic_tracing": best_ns(symbolic)}
-    fxguard.install()
-    r["patched is_fx_tracing"] = best_ns(tracing)
-    r["patched is_fx_symbolic_tracing"] = best_ns(symbolic)
-    r["fxguard.is_fx_tracing (C)"] = best_ns(fxguard.is_fx_tracing)
-    r["fxguard.is_fx_symbolic_tracing (C)"] = best_ns(fxguard.is_fx_symbolic_tracing)
-    # While another thread traces, a thread with no cell of its own asks torch's
-    # TLS (it could be an autograd worker acting for the tracer).
+def measure_locks(r: dict) -> None:
+    names = ("threading.Lock", "threading.RLock", "fxguard.block_mask_lock")
+    locks = (threading.Lock(), threading.RLock(), fxguard.block_mask_lock)
+    r.update(zip([f"{n} with-cycle" for n in names], best_ns(*map(lock_cycle, locks))))
+    r.update(zip([f"{n} acquire+release" for n in names], best_ns(*map(acquire_release, locks))))
+
+
+LOCK_RATIOS = {
+    "fxguard.block_mask_lock with-cycle": "threading.Lock with-cycle",
+    "threading.RLock with-cycle": "threading.Lock with-cycle",
+    "fxguard.block_mask_lock acquire+release": "threading.Lock acquire+release",
+    "threading.RLock acquire+release": "threading.Lock acquire+release",
+}
+
+
+# -- torch -------------------------------------------------------------------------
+
+def measure_torch() -> dict:
+    import torch
+    st, tb = torch.fx._symbolic_trace, torch.fx.traceback
+    readers = {"is_fx_tracing": st.is_fx_tracing, "is_fx_symbolic_tracing": st.is_fx_symbolic_tracing,
+               "is_compiling": torch.compiler.is_compiling,
+               "get_current_meta": tb.get_current_meta}  # the objects torch holds
+    st.is_fx_tracing()  # the once-only warning, out of the way
+    r: dict[str, float] = {}
+
+    def keep_best(names, values):
+        for name, value in zip(names, values):
+            r[name] = min(r.get(name, value), value)
+
+    c_readers = {"fxguard.is_fx_tracing (C)": fxguard.is_fx_tracing,
+                 "fxguard.is_fx_symbolic_tracing (C)": fxguard.is_fx_symbolic_tracing}
+    for _ in range(ROUNDS):  # stock and patched alternate: a busy machine drifts
+        fxguard.uninstall()
+        keep_best([f"stock {n}" for n in readers], best_ns(*readers.values()))
+        fxguard.install()
+        keep_best([f"patched {n}" for n in readers] + list(c_readers),
+                  best_ns(*readers.values(), *c_readers.values()))
+    symbolic = readers["is_fx_symbolic_tracing"]
+    # While another thread traces, a thread with no record of its own asks
+    # torch's TLS (it could be an autograd worker acting for the tracer).
     inside, release = threading.Event(), threading.Event()
 
     def tracer():
@@ -70,56 +126,140 @@ def measure() -> dict:
     t.start()
     inside.wait(10)
     fresh = {}
-    f = threading.Thread(target=lambda: fresh.update(v=best_ns(symbolic, N // 4)))
+    f = threading.Thread(target=lambda: fresh.update(v=best_ns(symbolic, number=N // 4)[0]))
     f.start()
     f.join()
     r["patched is_fx_symbolic_tracing, other thread tracing, caller never traced"] = fresh["v"]
-    with fxguard.fx_tracing(False):  # now this thread has a cell of its own
-        r["patched is_fx_symbolic_tracing, other thread tracing, caller has a cell"] = best_ns(symbolic)
+    with fxguard.fx_tracing(False):  # now this thread has a record of its own
+        r["patched is_fx_symbolic_tracing, other thread tracing, caller has a record"] = \
+            best_ns(symbolic)[0]
     release.set()
     t.join()
     fxguard.uninstall()
-    r["threading.Lock with-cycle"] = best_ns(lock_cycle(threading.Lock()))
-    r["threading.RLock with-cycle"] = best_ns(lock_cycle(threading.RLock()))
-    r["fxguard.RLock with-cycle"] = best_ns(lock_cycle(fxguard.RLock()))
-    r["threading.Lock acquire+release"] = best_ns(acquire_release(threading.Lock()))
-    r["threading.RLock acquire+release"] = best_ns(acquire_release(threading.RLock()))
-    r["fxguard.RLock acquire+release"] = best_ns(acquire_release(fxguard.RLock()))
+    keep_best([f"stock {n} after uninstall" for n in readers], best_ns(*readers.values()))
+    measure_locks(r)
     return r
 
 
-RATIOS = {  # figure: baseline it is divided by
-    "patched is_fx_tracing": "stock is_fx_tracing",
-    "patched is_fx_symbolic_tracing": "stock is_fx_symbolic_tracing",
+ROUNDS = 3
+TORCH_READERS = ("is_fx_tracing", "is_fx_symbolic_tracing", "is_compiling", "get_current_meta")
+TORCH_RATIOS = {
+    **{f"patched {n}": f"stock {n}" for n in TORCH_READERS},
+    **{f"stock {n} after uninstall": f"stock {n}" for n in TORCH_READERS},
     "fxguard.is_fx_tracing (C)": "stock is_fx_tracing",
     "fxguard.is_fx_symbolic_tracing (C)": "stock is_fx_symbolic_tracing",
-    "patched is_fx_symbolic_tracing, other thread tracing, caller never traced": "stock is_fx_symbolic_tracing",
-    "patched is_fx_symbolic_tracing, other thread tracing, caller has a cell": "stock is_fx_symbolic_tracing",
-    "fxguard.RLock with-cycle": "threading.Lock with-cycle",
-    "threading.RLock with-cycle": "threading.Lock with-cycle",
-    "fxguard.RLock acquire+release": "threading.Lock acquire+release",
-    "threading.RLock acquire+release": "threading.Lock acquire+release",
+    "patched is_fx_symbolic_tracing, other thread tracing, caller never traced":
+        "stock is_fx_symbolic_tracing",
+    "patched is_fx_symbolic_tracing, other thread tracing, caller has a record":
+        "stock is_fx_symbolic_tracing",
+    **LOCK_RATIOS,
+}
+
+
+# -- mechanism (no torch) ------------------------------------------------------------
+
+TARGET = '''\
+flag = False
+value = None
+other = None
+
+
+def is_compiling():
+    return False
+
+
+def is_symbolic():  # the shape of torch's is_fx_symbolic_tracing
+    return flag and not is_compiling()
+
+
+def get_value():    # served by a C Reader once patched
+    return value
+
+
+def get_other():    # rewritten code only (reads through the SlotView)
+    return other
+'''
+
+
+def load_target(name: str):
+    """A fresh module from TARGET's source (the rewrite needs a file)."""
+    folder = tempfile.mkdtemp(prefix="fxguard_mechanism_")
+    with open(os.path.join(folder, f"{name}.py"), "w") as f:
+        f.write(TARGET)
+    sys.path.insert(0, folder)
+    return importlib.import_module(name)
+
+
+def patch_mechanism(module) -> None:
+    planner = Planner()
+    planner.add(PerThread(module.__name__, "value", None, readers=(FastReader("get_value"),)))
+    planner.add(PerThread(module.__name__, "other", None))
+    for change in planner.changes("mechanism"):
+        patches.apply_patch(*change)
+    defaults, factories = planner.defaults()
+    _core._configure(_core.MODE_PATCHED, defaults=defaults, factories=factories)
+
+
+def unpatch_mechanism() -> None:
+    patches.revert_all()
+    _core._configure(_core.MODE_OFF)
+
+
+def measure_mechanism() -> dict:
+    m = load_target("fxguard_mechanism_target")
+    twin = load_target("fxguard_mechanism_twin")  # never patched: stock, measured alongside
+    patch_mechanism(m)
+    r = {}
+    r["stock reader"], r["fast reader (C Reader)"] = best_ns(twin.get_value, m.get_value)
+    r["stock reader, called from C"], r["fast reader, called from C"] = \
+        best_ns_from_c(twin.get_value, m.get_value)
+    r["stock reader, other"], r["rewritten reader (SlotView, no Reader)"] = \
+        best_ns(twin.get_other, m.get_other)
+    r["stock is_symbolic (Python)"], r["fxguard.is_fx_symbolic_tracing (C)"] = \
+        best_ns(twin.is_symbolic, fxguard.is_fx_symbolic_tracing)
+    unpatch_mechanism()
+    r["stock reader (twin)"], r["stock reader after unpatch"] = best_ns(twin.get_value, m.get_value)
+    measure_locks(r)
+    return r
+
+
+MECHANISM_RATIOS = {
+    "fast reader (C Reader)": "stock reader",
+    "fast reader, called from C": "stock reader, called from C",
+    "rewritten reader (SlotView, no Reader)": "stock reader, other",
+    "fxguard.is_fx_symbolic_tracing (C)": "stock is_symbolic (Python)",
+    "stock reader after unpatch": "stock reader (twin)",
+    **LOCK_RATIOS,
 }
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
+    p.add_argument("--mechanism", action="store_true",
+                   help="no torch: the machinery on plain readers (not torch figures)")
     p.add_argument("--json")
     args = p.parse_args()
-    ns = measure()
-    info = {"torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
-            "processor": platform.processor(), "date": time.strftime("%Y-%m-%d"),
-            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
-    print(f"torch {info['torch']}  Python {info['python']}  {info['machine']}  {info['date']}")
+    info = {"mode": "mechanism (no torch)" if args.mechanism else "torch",
+            "python": platform.python_version(), "machine": platform.machine(),
+            "date": time.strftime("%Y-%m-%d"), "cpus": os.cpu_count(),
+            "vectorcall_readers": bool(_core.VECTORCALL_READERS)}
+    if args.mechanism:
+        ns, ratios = measure_mechanism(), MECHANISM_RATIOS
+    else:
+        import torch
+        ns, ratios = measure_torch(), TORCH_RATIOS
+        info.update(torch=torch.__version__,
+                    gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
+    print("  ".join(f"{k}={v}" for k, v in info.items()))
     print(f"{'figure':<76} {'ns/call':>8} {'ratio':>7}  baseline")
     for name, value in ns.items():
-        base = RATIOS.get(name)
+        base = ratios.get(name)
         ratio = f"{value / ns[base]:.2f}x" if base else ""
         print(f"{name:<76} {value:8.1f} {ratio:>7}  {base or ''}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"versions": info, "ns_per_call": ns,
-                       "ratios": {k: ns[k] / ns[b] for k, b in RATIOS.items()}}, f, indent=1)
+                       "ratios": {k: ns[k] / ns[b] for k, b in ratios.items()}}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -9,16 +9,35 @@ state_of(PyObject *module)
     return (fxg_state *)PyModule_GetState(module);
 }
 
-static PyObject *
-is_fx_tracing(PyObject *module, PyObject *Py_UNUSED(ignored))
+/* The two readers are METH_FASTCALL, not METH_NOARGS: CPython 3.11+
+ * specialises calls of FASTCALL builtins (CALL_BUILTIN_FAST), not of
+ * NOARGS ones, and these are called on every compiled call. */
+static int
+no_arguments(const char *name, Py_ssize_t nargs)
 {
+    if (nargs != 0) {
+        PyErr_Format(PyExc_TypeError, "%s() takes no arguments (%zd given)", name, nargs);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+is_fx_tracing(PyObject *module, PyObject *const *Py_UNUSED(args), Py_ssize_t nargs)
+{
+    if (no_arguments("is_fx_tracing", nargs) < 0) {
+        return NULL;
+    }
     int r = fxg_thread_is_tracing(state_of(module));
     return r < 0 ? NULL : PyBool_FromLong(r);
 }
 
 static PyObject *
-is_fx_symbolic_tracing(PyObject *module, PyObject *Py_UNUSED(ignored))
+is_fx_symbolic_tracing(PyObject *module, PyObject *const *Py_UNUSED(args), Py_ssize_t nargs)
 {
+    if (no_arguments("is_fx_symbolic_tracing", nargs) < 0) {
+        return NULL;
+    }
     int r = fxg_thread_is_symbolic_tracing(state_of(module));
     return r < 0 ? NULL : PyBool_FromLong(r);
 }
@@ -206,9 +225,9 @@ configure(PyObject *module, PyObject *args, PyObject *kwargs)
 }
 
 static PyMethodDef core_methods[] = {
-    {"is_fx_tracing", is_fx_tracing, METH_NOARGS,
+    {"is_fx_tracing", (PyCFunction)(void (*)(void))is_fx_tracing, METH_FASTCALL,
      "is_fx_tracing() -> bool\n\nWhether the calling thread is FX tracing."},
-    {"is_fx_symbolic_tracing", is_fx_symbolic_tracing, METH_NOARGS,
+    {"is_fx_symbolic_tracing", (PyCFunction)(void (*)(void))is_fx_symbolic_tracing, METH_FASTCALL,
      "is_fx_symbolic_tracing() -> bool\n\nWhether the calling thread is FX tracing and not being\n"
      "compiled by dynamo.  Does not call into torch unless the thread is tracing."},
     {"_tracing_records", tracing_records, METH_NOARGS, "Number of threads whose FX flag is set."},

@@ -23,6 +23,7 @@
  * taken for the owner.  Only a fork clears such a hold (in the child). */
 #include "fxguard.h"
 #include <math.h>
+#include <stddef.h> /* offsetof */
 #include <time.h>
 
 /* Weak references.  From 3.12 the VM keeps an object's weakref list in front

@@ -1,0 +1,175 @@
+"""Fast readers: one-line readers answered by a C Reader, and what uninstall puts back."""
+from __future__ import annotations
+
+import gc
+import inspect
+import sys
+import types
+import weakref
+
+import pytest
+
+import fxguard
+from fxguard import _core, patches
+
+vectorcall_only = pytest.mark.skipif(not _core.VECTORCALL_READERS,
+                                     reason="this Python ignores a function's vectorcall (3.11)")
+
+
+@pytest.fixture
+def one_slot():
+    """The core configured with one slot whose initial value is 'reader'."""
+    if fxguard.is_installed():
+        pytest.skip("needs the core to itself")
+    _core._configure(_core.MODE_PATCHED, defaults=("reader",), factories=(None,))
+    yield
+    _core._configure(_core.MODE_OFF)
+
+
+def function_carrying(reader):
+    """def f(): return 'code', with the Reader as its code's last constant."""
+    namespace = {}
+    exec("def f():\n    return 'code'\n", namespace)
+    f = namespace["f"]
+    f.__code__ = f.__code__.replace(co_consts=f.__code__.co_consts + (reader,))
+    return f
+
+
+def test_read_is_the_calling_threads_value(one_slot):
+    reader = _core.Reader(_core.READ_VALUE, 0)
+    assert reader.read() == "reader"
+    with pytest.raises(TypeError):
+        reader.read(1)
+
+
+def test_bad_reader_arguments_change_nothing():
+    with pytest.raises(ValueError):
+        _core.Reader(7)
+    with pytest.raises(ValueError):
+        _core.Reader(_core.READ_SYMBOLIC, 0)
+    reader = _core.Reader(_core.READ_VALUE, 0)
+    for bad in (len, 3):
+        with pytest.raises((TypeError, ValueError, RuntimeError)):
+            reader.function = bad
+    plain = function_carrying(_core.Reader(_core.READ_VALUE, 0))  # carries another reader
+    with pytest.raises((ValueError, RuntimeError)):
+        reader.function = plain
+    assert reader.function is None and plain() == "code"
+
+
+@vectorcall_only
+def test_vectorcall_reaches_specialised_call_sites(one_slot):
+    reader = _core.Reader(_core.READ_VALUE, 0)
+    f = function_carrying(reader)
+
+    def site():
+        return f()
+
+    code, signature = f.__code__, inspect.signature(f)
+    assert {site() for _ in range(2000)} == {"code"}  # the site is specialised now
+    reader.function = f
+    assert {site() for _ in range(2000)} == {"reader"}
+    assert f.__code__ is code and inspect.signature(f) == signature
+    with pytest.raises(TypeError):
+        f(1)  # arguments: the code runs and raises as it would
+    reader.function = None
+    assert {site() for _ in range(2000)} == {"code"}
+
+
+@vectorcall_only
+def test_swapping_code_while_attached_runs_the_new_code(one_slot):
+    reader = _core.Reader(_core.READ_VALUE, 0)
+    f = function_carrying(reader)
+    reader.function = f
+    original = f.__code__
+    f.__code__ = (lambda: "other").__code__
+    assert f() == "other"
+    f.__code__ = original
+    assert f() == "reader"
+    reader.function = None
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="no function versions before 3.11")
+def test_reverting_a_code_patch_restores_the_function_version():
+    namespace = {}
+    exec("def f():\n    return 1\n", namespace)
+    f = namespace["f"]
+
+    def site():
+        return f()
+
+    for _ in range(2000):
+        site()
+    before = _core._function_version(f)
+    patch = patches.apply_patch("test", f, "__code__", (lambda: 2).__code__)
+    assert site() == 2
+    patches.revert(patch)
+    patches._applied.remove(patch)
+    assert site() == 1 and _core._function_version(f) == before
+
+
+def test_lock_binds_enter_and_exit_once_and_is_still_collected():
+    lock = fxguard.RLock()
+    with lock:
+        assert lock._is_owned()
+    assert lock.__enter__ is lock.__enter__ and lock.__exit__ is lock.__exit__
+    assert inspect.signature(fxguard.RLock.__enter__) is not None
+    ref = weakref.ref(lock)
+    del lock
+    gc.collect()  # lock <-> its bound methods: a cycle the collector sees
+    assert ref() is None
+
+
+# -- on torch -------------------------------------------------------------------------------
+
+def fast_readers():
+    pytest.importorskip("torch")
+    import importlib
+
+    from fxguard.plan import PER_THREAD
+    for row in PER_THREAD:
+        module = importlib.import_module(row.module)
+        for reader in row.readers:
+            yield getattr(module, reader.name), reader
+
+
+@pytest.fixture
+def installed():
+    pytest.importorskip("torch")
+    fxguard.install()
+    yield
+    fxguard.uninstall()
+
+
+def test_fast_readers_agree_with_their_code(installed):
+    from torch.fx import traceback as fx_traceback
+    for fn, _ in fast_readers():
+        by_code = types.FunctionType(fn.__code__, fn.__globals__)  # stock vectorcall: runs the code
+        assert fn() == by_code(), fn.__name__
+        with fxguard.fx_tracing(), fx_traceback.preserve_node_meta():
+            assert fn() == by_code(), fn.__name__
+
+
+def test_fast_readers_fold_under_fullgraph(installed):
+    import torch
+    for fn, _ in fast_readers():
+        def step(x, fn=fn):
+            return x + (1 if fn() else 0)
+        torch._dynamo.reset()
+        torch.compile(step, fullgraph=True, backend="eager")(torch.ones(2))
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="no function versions before 3.11")
+def test_uninstall_restores_readers_exactly():
+    pytest.importorskip("torch")
+    fxguard.uninstall()
+    fns = [fn for fn, _ in fast_readers()]
+    sites = [lambda fn=fn: fn() for fn in fns]
+    for _ in range(2000):
+        for site in sites:
+            site()
+    before = [(fn.__code__, _core._function_version(fn)) for fn in fns]
+    fxguard.install()
+    fxguard.uninstall()
+    after = [(fn.__code__, _core._function_version(fn)) for fn in fns]
+    assert after == before

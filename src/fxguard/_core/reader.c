@@ -23,6 +23,7 @@ typedef struct {
     PyObject_HEAD
     fxg_read_kind kind;
     Py_ssize_t slot;
+    fxg_state *st;         /* its module's state: the type keeps the module alive */
     PyObject *function;    /* the function served by vectorcall; NULL when detached */
     vectorcallfunc saved;  /* its vectorcall pointer before attaching */
 } ReaderObject;
@@ -45,10 +46,12 @@ reader_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
                         "Reader: slot must be >= -1 (-1 for READ_SYMBOLIC, the FX flag)");
         return NULL;
     }
-    ReaderObject *self = (ReaderObject *)type->tp_alloc(type, 0);
+    fxg_state *st = fxg_state_of_type(type);
+    ReaderObject *self = st ? (ReaderObject *)type->tp_alloc(type, 0) : NULL;
     if (self != NULL) {
         self->kind = (fxg_read_kind)kind;
         self->slot = slot;
+        self->st = st;
     }
     return (PyObject *)self;
 }
@@ -56,11 +59,10 @@ reader_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 static PyObject *
 answer(ReaderObject *r)
 {
-    fxg_state *st = fxg_state_of_type(Py_TYPE(r));
     if (r->kind == FXG_READ_VALUE) {
-        return fxg_slot_value(st, r->slot);
+        return fxg_slot_value(r->st, r->slot);
     }
-    int v = fxg_thread_is_symbolic_tracing(st);
+    int v = fxg_thread_is_symbolic_tracing(r->st);
     return v < 0 ? NULL : PyBool_FromLong(v);
 }
 

@@ -120,7 +120,7 @@ refresh(fxg_state *st, fxg_record *rec)
 static fxg_record *
 own_record(fxg_state *st)
 {
-    uint64_t id = PyThreadState_GetID(PyThreadState_Get());
+    uint64_t id = PyThreadState_Get()->id; /* the field: one call less per read */
     if (st->cached_record != NULL && st->cached_id == id) {
         return (fxg_record *)st->cached_record;
     }

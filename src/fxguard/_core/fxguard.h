@@ -68,6 +68,15 @@ typedef struct {
     PyObject *rlock_registry;  /* capsule: the live RLocks, reset after fork (rlock.c) */
 } fxg_state;
 
+/* The calling thread's own record if it is the cached one (borrowed), else
+ * NULL: the hot path's one compare, before fxg_record_for()'s full lookup. */
+static inline fxg_record *
+fxg_cached_record(fxg_state *st)
+{
+    uint64_t id = PyThreadState_Get()->id;
+    return st->cached_id == id ? (fxg_record *)st->cached_record : NULL;
+}
+
 /* thread_record.c */
 /* The record reads and writes on this thread go to, as a new reference;
  * created on first use.  NULL with an error set on failure. */

@@ -390,6 +390,10 @@ call_truth(PyObject *fn)
 int
 fxg_thread_is_tracing(fxg_state *st)
 {
+    fxg_record *cached = fxg_cached_record(st);
+    if (cached != NULL && !cached->worker && st->mode == FXG_MODE_PATCHED) {
+        return cached->flag; /* the hot path: a Python thread's own record */
+    }
     if (st->mode == FXG_MODE_UPSTREAM) {
         return call_truth(st->upstream_get);
     }

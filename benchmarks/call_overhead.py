@@ -4,9 +4,11 @@ Reported as ratios to the stock figure measured alongside (never as absolute
 claims).  Two modes:
 
 - torch (default): torch's own reader function objects (is_fx_symbolic_tracing,
-  is_fx_tracing, is_compiling, get_current_meta) before install(), after it,
-  and after uninstall(); fxguard's C readers; the same while another thread
-  is tracing; the block-mask lock's uncontended cycle against threading.Lock.
+  is_fx_tracing, is_compiling, get_current_meta) after install() and after
+  uninstall(), each timed alongside a stock twin (the reader's stock code over
+  a copy of its module's globals, taken before install()); fxguard's C
+  readers; the same while another thread is tracing; the block-mask lock's
+  uncontended cycle against threading.Lock.
 - ``--mechanism``: no torch.  The same machinery (per_thread.Planner, the C
   Reader, patches) applied to plain one-line readers of a throwaway module,
   so the *mechanism* can be measured on Pythons without a torch wheel.  These
@@ -27,6 +29,7 @@ import tempfile
 import threading
 import time
 import timeit
+import types
 
 import fxguard
 from fxguard import _core, patches
@@ -91,6 +94,15 @@ LOCK_RATIOS = {
 
 # -- torch -------------------------------------------------------------------------
 
+def stock_twin(fn):
+    """fn's stock code over a copy of its module's globals, taken before install():
+    stock torch's reader, which can be timed alongside the patched one."""
+    twin = types.FunctionType(fn.__code__, dict(fn.__globals__), fn.__name__, fn.__defaults__,
+                              fn.__closure__)
+    twin.__kwdefaults__ = fn.__kwdefaults__
+    return twin
+
+
 def measure_torch() -> dict:
     import torch
     st, tb = torch.fx._symbolic_trace, torch.fx.traceback
@@ -98,21 +110,28 @@ def measure_torch() -> dict:
                "is_compiling": torch.compiler.is_compiling,
                "get_current_meta": tb.get_current_meta}  # the objects torch holds
     st.is_fx_tracing()  # the once-only warning, out of the way
+    fxguard.uninstall()
+    twins = {name: stock_twin(fn) for name, fn in readers.items()}
+    c_readers = {"fxguard.is_fx_tracing (C)": fxguard.is_fx_tracing,
+                 "fxguard.is_fx_symbolic_tracing (C)": fxguard.is_fx_symbolic_tracing}
     r: dict[str, float] = {}
 
     def keep_best(names, values):
         for name, value in zip(names, values):
             r[name] = min(r.get(name, value), value)
 
-    c_readers = {"fxguard.is_fx_tracing (C)": fxguard.is_fx_tracing,
-                 "fxguard.is_fx_symbolic_tracing (C)": fxguard.is_fx_symbolic_tracing}
-    for _ in range(ROUNDS):  # stock and patched alternate: a busy machine drifts
-        fxguard.uninstall()
-        keep_best([f"stock {n}" for n in readers], best_ns(*readers.values()))
+    # Every ratio divides by the stock twin timed in the same interleaved loop.
+    stock_names = [f"stock {n}" for n in readers]
+    for _ in range(ROUNDS):
         fxguard.install()
-        keep_best([f"patched {n}" for n in readers] + list(c_readers),
-                  best_ns(*readers.values(), *c_readers.values()))
-    symbolic = readers["is_fx_symbolic_tracing"]
+        keep_best(stock_names + [f"patched {n}" for n in readers] + list(c_readers),
+                  best_ns(*twins.values(), *readers.values(), *c_readers.values()))
+        fxguard.uninstall()
+        keep_best([f"{n} (stock twin, uninstalled)" for n in readers] +
+                  [f"stock {n} after uninstall" for n in readers],
+                  best_ns(*twins.values(), *readers.values()))
+    fxguard.install()
+    symbolic, twin = readers["is_fx_symbolic_tracing"], twins["is_fx_symbolic_tracing"]
     # While another thread traces, a thread with no record of its own asks
     # torch's TLS (it could be an autograd worker acting for the tracer).
     inside, release = threading.Event(), threading.Event()
@@ -126,17 +145,18 @@ def measure_torch() -> dict:
     t.start()
     inside.wait(10)
     fresh = {}
-    f = threading.Thread(target=lambda: fresh.update(v=best_ns(symbolic, number=N // 4)[0]))
+    f = threading.Thread(target=lambda: fresh.update(v=best_ns(twin, symbolic, number=N // 4)))
     f.start()
     f.join()
-    r["patched is_fx_symbolic_tracing, other thread tracing, caller never traced"] = fresh["v"]
+    r["is_fx_symbolic_tracing (stock twin), other thread tracing, caller never traced"], \
+        r["patched is_fx_symbolic_tracing, other thread tracing, caller never traced"] = fresh["v"]
     with fxguard.fx_tracing(False):  # now this thread has a record of its own
-        r["patched is_fx_symbolic_tracing, other thread tracing, caller has a record"] = \
-            best_ns(symbolic)[0]
+        r["is_fx_symbolic_tracing (stock twin), other thread tracing, caller has a record"], \
+            r["patched is_fx_symbolic_tracing, other thread tracing, caller has a record"] = \
+            best_ns(twin, symbolic)
     release.set()
     t.join()
     fxguard.uninstall()
-    keep_best([f"stock {n} after uninstall" for n in readers], best_ns(*readers.values()))
     measure_locks(r)
     return r
 
@@ -145,13 +165,12 @@ ROUNDS = 3
 TORCH_READERS = ("is_fx_tracing", "is_fx_symbolic_tracing", "is_compiling", "get_current_meta")
 TORCH_RATIOS = {
     **{f"patched {n}": f"stock {n}" for n in TORCH_READERS},
-    **{f"stock {n} after uninstall": f"stock {n}" for n in TORCH_READERS},
+    **{f"stock {n} after uninstall": f"{n} (stock twin, uninstalled)" for n in TORCH_READERS},
     "fxguard.is_fx_tracing (C)": "stock is_fx_tracing",
     "fxguard.is_fx_symbolic_tracing (C)": "stock is_fx_symbolic_tracing",
-    "patched is_fx_symbolic_tracing, other thread tracing, caller never traced":
-        "stock is_fx_symbolic_tracing",
-    "patched is_fx_symbolic_tracing, other thread tracing, caller has a record":
-        "stock is_fx_symbolic_tracing",
+    **{f"patched is_fx_symbolic_tracing, other thread tracing, caller {c}":
+       f"is_fx_symbolic_tracing (stock twin), other thread tracing, caller {c}"
+       for c in ("never traced", "has a record")},
     **LOCK_RATIOS,
 }
 

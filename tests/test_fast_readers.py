@@ -55,6 +55,13 @@ def test_bad_reader_arguments_change_nothing():
     with pytest.raises((ValueError, RuntimeError)):
         reader.function = plain
     assert reader.function is None and plain() == "code"
+    namespace = {}
+    exec("def g(x=1):\n    return x\n", namespace)  # parameters: never served from C
+    g = namespace["g"]
+    g.__code__ = g.__code__.replace(co_consts=g.__code__.co_consts + (reader,))
+    with pytest.raises((ValueError, RuntimeError)):
+        reader.function = g
+    assert reader.function is None and g() == 1
 
 
 @vectorcall_only

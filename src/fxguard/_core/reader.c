@@ -128,7 +128,14 @@ attach(ReaderObject *r, PyObject *func)
         PyErr_SetString(PyExc_TypeError, "Reader.function must be a Python function or None");
         return -1;
     }
-    PyObject *consts = ((PyCodeObject *)PyFunction_GET_CODE(func))->co_consts;
+    PyCodeObject *code = (PyCodeObject *)PyFunction_GET_CODE(func);
+    if (code->co_argcount != 0 || code->co_kwonlyargcount != 0 ||
+        (code->co_flags & (CO_VARARGS | CO_VARKEYWORDS))) {
+        PyErr_SetString(PyExc_ValueError,
+                        "Reader.function: only a function without parameters can be served");
+        return -1;
+    }
+    PyObject *consts = code->co_consts;
     Py_ssize_t n = PyTuple_GET_SIZE(consts);
     if (n == 0 || PyTuple_GET_ITEM(consts, n - 1) != (PyObject *)r) {
         PyErr_SetString(PyExc_ValueError,

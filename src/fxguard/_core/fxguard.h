@@ -77,6 +77,22 @@ fxg_cached_record(fxg_state *st)
     return st->cached_id == id ? (fxg_record *)st->cached_record : NULL;
 }
 
+/* The record fxg_record_for() would return (borrowed) when it would find
+ * nothing to do: a Python thread's cached own record, of this install(),
+ * published, noting the thread's Context.  NULL: take fxg_record_for(). */
+static inline fxg_record *
+fxg_current_record(fxg_state *st)
+{
+    PyThreadState *ts = PyThreadState_Get();
+    fxg_record *own = (fxg_record *)st->cached_record;
+    if (own == NULL || st->cached_id != ts->id || own->worker || own->epoch != st->epoch ||
+        !(own->published || st->tls_stash == NULL) ||
+        own->context != (st->carry_context ? ts->context : NULL)) {
+        return NULL;
+    }
+    return own;
+}
+
 /* thread_record.c */
 /* The record reads and writes on this thread go to, as a new reference;
  * created on first use.  NULL with an error set on failure. */

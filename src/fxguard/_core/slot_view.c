@@ -95,10 +95,8 @@ check_index(fxg_record *rec, Py_ssize_t index)
 PyObject *
 fxg_slot_value(fxg_state *st, Py_ssize_t index)
 {
-    fxg_record *own = fxg_cached_record(st);
-    if (own != NULL && !own->worker && own->epoch == st->epoch &&
-        (own->published || st->tls_stash == NULL)) {
-        /* What fxg_record_for() would return, without its checks and references. */
+    fxg_record *own = fxg_current_record(st);
+    if (own != NULL) {
         if (index == FXG_FLAG_SLOT) {
             return PyBool_FromLong(own->flag);
         }

@@ -19,11 +19,13 @@ claims).  Two modes:
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib
 import itertools
 import json
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import threading
@@ -214,6 +216,7 @@ def get_other():    # rewritten code only (reads through the SlotView)
 def load_target(name: str):
     """A fresh module from TARGET's source (the rewrite needs a file)."""
     folder = tempfile.mkdtemp(prefix="fxguard_mechanism_")
+    atexit.register(shutil.rmtree, folder, True)
     with open(os.path.join(folder, f"{name}.py"), "w") as f:
         f.write(TARGET)
     sys.path.insert(0, folder)

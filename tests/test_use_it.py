@@ -25,9 +25,12 @@ RACED = 1 if torch_races() else 0  # stock torch's exit status on race_a.py
 def venv(tmp_path_factory):
     """A fresh venv with fxguard installed from a wheel built from this tree."""
     tmp = tmp_path_factory.mktemp("use_it")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(tmp / "dist"), ROOT], check=True, timeout=600,
-                   env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    build = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp / "dist"), ROOT]
+    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    # Offline with this environment's setuptools where it can build wheels (the H200 has
+    # no network); else pip fetches a build environment (CI's torch 2.11 venv lacks `wheel`).
+    if subprocess.run(build + ["--no-build-isolation"], env=env, timeout=600).returncode:
+        subprocess.run(build, check=True, env=env, timeout=600)
     [wheel] = (tmp / "dist").glob("fxguard-*.whl")
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp / "venv")], check=True)
     python = str(tmp / "venv" / "bin" / "python")

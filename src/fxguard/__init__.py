@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 from typing import Any
@@ -25,6 +26,7 @@ __version__ = "0.1.0"
 
 _MODES = {_core.MODE_OFF: "not-installed", _core.MODE_PATCHED: "patched",
           _core.MODE_UPSTREAM: "upstream-thread-local"}
+log = logging.getLogger("fxguard")  # INFO: what install() did; WARNING: rows it stood down
 _lock = threading.Lock()      # install/uninstall are rare: a plain lock suffices
 _installed: dict[str, Any] | None = None  # layout, options, rows, workers while installed
 
@@ -35,10 +37,11 @@ is_object_patched = patches.is_object_patched
 # held by a thread that the child does not have is free there.
 
 
-def install(**options: bool) -> dict:
+def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
+            eager_backward: bool = True, config_follows_thread: bool = True) -> dict:
     """Make torch's trace state per-thread.  Idempotent; returns status().
 
-    Options (all default True): ``block_mask_lock`` (torch's eager
+    Options (keyword-only, plan.OPTIONS): ``block_mask_lock`` (torch's eager
     create_block_mask takes fxguard.block_mask_lock), ``config_window_lock``
     (the dynamo config _set_compilation_env sets for its window stays in the
     thread inside it, where that config is process-wide, torch <= 2.12; the
@@ -47,13 +50,15 @@ def install(**options: bool) -> dict:
     deadlock), ``config_follows_thread`` (a new thread starts with a copy of
     its starter's torch config overrides; see config_snapshot()).  Raises
     UnsupportedTorchError, leaving torch untouched, on a torch whose layout
-    fxguard does not know.
+    fxguard does not know.  Logs what it did on the "fxguard" logger.
     """
     global _installed
-    unknown = set(options) - set(OPTIONS)
-    if unknown:
-        raise TypeError(f"install() got unknown options {sorted(unknown)}; known: {list(OPTIONS)}")
-    chosen = {name: bool(options.get(name, True)) for name in OPTIONS}
+    chosen = {"block_mask_lock": block_mask_lock, "config_window_lock": config_window_lock,
+              "eager_backward": eager_backward, "config_follows_thread": config_follows_thread}
+    for name, value in chosen.items():
+        if value not in (True, False):  # 0 and 1 pass; "no" must not read as True
+            raise TypeError(f"install(): {name} must be True or False, not {value!r}")
+    chosen = {name: bool(value) for name, value in chosen.items()}
     with _lock:
         if _installed is not None:
             if _installed["options"] == chosen:
@@ -80,7 +85,18 @@ def install(**options: bool) -> dict:
             raise
         _installed = {"layout": layout, "options": chosen, "rows": prepared.rows,
                       "workers": workers}
+        _log_installed(status())
         return status()
+
+
+def _log_installed(info: dict) -> None:
+    rows = info["patch_points"]
+    patched = [f"{r['what']} {r['where']}" for r in rows if r["patched"]]
+    log.info("fxguard %s installed on torch %s (%s): patched %s", info["fxguard"],
+             info["torch"], info["mode"], "; ".join(patched) or "nothing")
+    for r in rows:
+        if str(r.get("reason", "")).startswith("not covered"):
+            log.warning("fxguard stood down for %s %s: %s", r["what"], r["where"], r["reason"])
 
 
 def _configure_core(layout: str, defaults: tuple[tuple, tuple], carry_context: bool) -> str:

@@ -134,8 +134,10 @@ fx_tracing_repr(PyObject *self)
 }
 
 static PyMethodDef fx_tracing_methods[] = {
-    {"__enter__", fx_tracing_enter, METH_NOARGS, NULL},
-    {"__exit__", (PyCFunction)(void (*)(void))fx_tracing_exit, METH_FASTCALL, NULL},
+    {"__enter__", fx_tracing_enter, METH_NOARGS,
+     "__enter__($self, /)\n--\n\nSet the calling thread's flag; remember the old value."},
+    {"__exit__", (PyCFunction)(void (*)(void))fx_tracing_exit, METH_FASTCALL,
+     "__exit__($self, /, *exc_info)\n--\n\nRestore the value __enter__ found."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -224,26 +224,37 @@ configure(PyObject *module, PyObject *args, PyObject *kwargs)
     Py_RETURN_NONE;
 }
 
+/* Docstrings start with text signatures, so inspect.signature() works. */
 static PyMethodDef core_methods[] = {
     {"is_fx_tracing", (PyCFunction)(void (*)(void))is_fx_tracing, METH_FASTCALL,
-     "is_fx_tracing() -> bool\n\nWhether the calling thread is FX tracing."},
+     "is_fx_tracing($module, /)\n--\n\nWhether the calling thread is FX tracing."},
     {"is_fx_symbolic_tracing", (PyCFunction)(void (*)(void))is_fx_symbolic_tracing, METH_FASTCALL,
-     "is_fx_symbolic_tracing() -> bool\n\nWhether the calling thread is FX tracing and not being\n"
-     "compiled by dynamo.  Does not call into torch unless the thread is tracing."},
-    {"_tracing_records", tracing_records, METH_NOARGS, "Number of threads whose FX flag is set."},
+     "is_fx_symbolic_tracing($module, /)\n--\n\n"
+     "Whether the calling thread is FX tracing and not being compiled by dynamo.\n"
+     "Does not call into torch unless the thread is tracing."},
+    {"_tracing_records", tracing_records, METH_NOARGS,
+     "_tracing_records($module, /)\n--\n\nNumber of threads whose FX flag is set."},
     {"_thread_values", thread_values, METH_NOARGS,
+     "_thread_values($module, /)\n--\n\n"
      "The calling thread's per-thread globals, in slot order (a copy)."},
     {"_stash_steals", stash_steals_flag, METH_NOARGS,
+     "_stash_steals($module, /)\n--\n\n"
      "Whether torch's _stash_obj_in_tls needed a compensating reference (torch 2.11)."},
-    {"_mode", get_mode, METH_NOARGS, "MODE_OFF, MODE_PATCHED or MODE_UPSTREAM."},
+    {"_mode", get_mode, METH_NOARGS,
+     "_mode($module, /)\n--\n\nMODE_OFF, MODE_PATCHED or MODE_UPSTREAM."},
     {"_carried_context", carried_context, METH_NOARGS,
      "_carried_context($module, /)\n--\n\n"
-     "On an autograd worker running another thread's graph task: that thread's "
+     "On an autograd worker running another thread's graph task: that thread's\n"
      "contextvars.Context (torch config lives there); None elsewhere."},
     {"_enter_thread", enter_thread, METH_NOARGS,
      "_enter_thread($module, /)\n--\n\n"
      "Make the calling thread's record (and note its Context) now."},
-    {"_configure", (PyCFunction)(void (*)(void))configure, METH_VARARGS | METH_KEYWORDS, NULL},
+    {"_configure", (PyCFunction)(void (*)(void))configure, METH_VARARGS | METH_KEYWORDS,
+     "_configure($module, /, mode, *, defaults=(), factories=(), is_compiling=None,\n"
+     "           tls_stash=None, tls_has=None, tls_get=None, upstream_get=None,\n"
+     "           upstream_set=None, carry_context=False)\n--\n\n"
+     "Called by install()/uninstall(): the slot layout and the torch functions\n"
+     "the core may call.  Each call starts a new layout."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,0 +1,132 @@
+"""``fxguard run`` against plain ``python``: same __main__, argv, sys.path[0],
+exit status and traceback.  Torch-free targets (fast); the torch side is in
+test_use_it.py."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+SHOW = """\
+import os, pickle, sys
+class Local: pass
+main = sys.modules["__main__"]
+spec = __spec__ and (__spec__.name, __spec__.origin, type(__spec__.loader).__name__)
+print("name", __name__, "file", __file__, "spec", spec, "package", __package__)
+print("cached", __cached__, "builtins", type(__builtins__).__name__)
+print("loader", type(__loader__).__name__, "main is this module", main.__dict__ is globals())
+print("argv", sys.argv)
+print("path0", sys.path[0])
+print("pickles a __main__ class", type(pickle.loads(pickle.dumps(Local()))).__name__)
+print("torch imported", "torch" in sys.modules)
+sys.exit(int(sys.argv[-1]) if sys.argv[-1].isdigit() else 0)
+"""
+
+
+def run(*args, cwd, env=None, python=sys.executable):
+    return subprocess.run([python, *args], cwd=cwd, capture_output=True, text=True, timeout=120,
+                          env=env)
+
+
+def both(tmp_path, target_args, **kw):
+    """(plain python, fxguard run) on the same target."""
+    return (run(*target_args, cwd=tmp_path, **kw),
+            run("-m", "fxguard", "run", *target_args, cwd=tmp_path, **kw))
+
+
+@pytest.fixture
+def script(tmp_path):
+    (tmp_path / "sub").mkdir()
+    path = tmp_path / "sub" / "show.py"
+    path.write_text(SHOW)
+    return "sub/show.py"
+
+
+def test_script_sees_what_python_gives_it(tmp_path, script):
+    plain, guarded = both(tmp_path, [script, "a", "--flag", "3"])
+    assert plain.returncode == guarded.returncode == 3, guarded.stderr
+    assert guarded.stdout == plain.stdout
+    assert "path0 " + str(tmp_path / "sub") in plain.stdout
+    assert "torch imported False" in guarded.stdout  # run imports torch only when the target does
+
+
+def test_module_sees_what_python_gives_it(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "show.py").write_text(SHOW)
+    (pkg / "__main__.py").write_text(SHOW)
+    for target in (["-m", "pkg.show", "x", "0"], ["-m", "pkg", "-v", "5"]):
+        plain, guarded = both(tmp_path, target)
+        assert guarded.returncode == plain.returncode, guarded.stderr
+        assert guarded.stdout == plain.stdout
+        assert plain.stdout.count(str(tmp_path)) >= 2
+
+
+def test_directory_with_main_runs_like_python(tmp_path):
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "__main__.py").write_text(SHOW)
+    plain, guarded = both(tmp_path, ["app", "7"])
+    assert plain.returncode == guarded.returncode == 7
+    assert guarded.stdout == plain.stdout
+
+
+def test_traceback_and_status_are_pythons(tmp_path):
+    (tmp_path / "fails.py").write_text(textwrap.dedent("""\
+        def inner():
+            raise ValueError("boom")
+        try:
+            inner()
+        except ValueError as e:
+            raise KeyError("outer") from e
+    """))
+    plain, guarded = both(tmp_path, ["fails.py"])
+    assert plain.returncode == guarded.returncode == 1
+    assert guarded.stderr == plain.stderr
+    assert "fxguard" not in guarded.stderr and "runpy" not in guarded.stderr
+
+
+def test_module_traceback_is_pythons(tmp_path):
+    (tmp_path / "failmod.py").write_text("def f():\n    1 / 0\nf()\n")
+    plain, guarded = both(tmp_path, ["-m", "failmod"])
+    assert plain.returncode == guarded.returncode == 1
+    assert guarded.stderr == plain.stderr
+
+
+def test_keyboard_interrupt_dies_by_sigint_like_python(tmp_path):
+    (tmp_path / "interrupted.py").write_text("raise KeyboardInterrupt\n")
+    plain, guarded = both(tmp_path, ["interrupted.py"])
+    assert plain.returncode == guarded.returncode == -signal.SIGINT
+    assert guarded.stderr == plain.stderr
+
+
+def test_missing_targets_fail_like_python(tmp_path):
+    plain, guarded = both(tmp_path, ["nowhere.py"])
+    assert plain.returncode == guarded.returncode == 2
+    assert guarded.stderr.split(": ", 1)[1] == plain.stderr.split(": ", 1)[1]
+    plain, guarded = both(tmp_path, ["-m", "no_such_module_here"])
+    assert plain.returncode == guarded.returncode == 1
+    assert guarded.stderr.split(": ", 1)[1] == plain.stderr.split(": ", 1)[1]
+
+
+def test_bad_options_are_refused_before_the_target_runs(tmp_path, script):
+    proc = run("-m", "fxguard", "run", "--options", "turbo=1", script, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "unknown option 'turbo'" in proc.stderr and "block_mask_lock" in proc.stderr
+    proc = run("-m", "fxguard", "run", cwd=tmp_path)
+    assert proc.returncode == 2 and "give a script or -m module" in proc.stderr
+
+
+def test_run_sets_the_environment_its_children_inherit(tmp_path):
+    (tmp_path / "env.py").write_text(
+        "import os; print(os.environ['FXGUARD'], os.environ['FXGUARD_OPTIONS'])\n")
+    proc = run("-m", "fxguard", "run", "--options", "eager_backward=0", "env.py", cwd=tmp_path,
+               env={**os.environ, "FXGUARD": "0"})
+    assert proc.stdout.split() == ["1", "eager_backward=0"], proc.stderr
+
+
+def test_doctor_and_status_still_answer(tmp_path):
+    proc = run("-m", "fxguard", "status", cwd=tmp_path)
+    assert proc.returncode == 0 and '"mode": "not-installed"' in proc.stdout

@@ -29,7 +29,7 @@ tracing_records(PyObject *module, PyObject *Py_UNUSED(ignored))
     fxg_state *st = state_of(module);
     /* A record torch 2.11 no longer holds may still count (its thread ended
      * inside a trace): let go of those first.  Rare: uninstall() asks. */
-    if (st->tracing_records > 0 && fxg_sweep_kept(st) < 0) {
+    if (st->tracing_records > 0 && PyList_GET_SIZE(st->kept) > 0 && fxg_sweep_kept(st) < 0) {
         return NULL;
     }
     return PyLong_FromSsize_t(st->tracing_records);

@@ -215,6 +215,7 @@ fxg_sweep_kept(fxg_state *st)
     if (survivors == NULL) {
         return -1;
     }
+    /* The loop runs no Python code (appends only resize), so `old` stays st->kept. */
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(old); i++) {
         PyObject *obj = PyList_GET_ITEM(old, i);
         if (Py_REFCNT(obj) > 1 && PyList_Append(survivors, obj) < 0) {

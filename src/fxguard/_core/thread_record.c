@@ -380,8 +380,8 @@ fxg_record_for_new_thread(fxg_state *st)
     if (own == NULL && PyErr_Occurred()) {
         return NULL;
     }
-    if (own == NULL && (own = new_own_record(st, 1)) == NULL) {
-        return NULL;
+    if (own == NULL) {
+        return new_own_record(st, 1); /* already a new reference */
     }
     Py_INCREF(own);
     return own; /* fxg_record_for() publishes it and notes the Context */

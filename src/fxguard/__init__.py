@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 from typing import Any
@@ -34,7 +35,10 @@ get_original = patches.get_original
 is_object_patched = patches.is_object_patched
 
 # Fork: the C core resets every fxguard.RLock in the child (rlock.c), so a lock
-# held by a thread that the child does not have is free there.
+# held by a thread that the child does not have is free there; and only the
+# forking thread's FX flag counts as a trace in progress there (uninstall()).
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_core._after_fork_in_child)
 
 
 def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
@@ -179,9 +183,7 @@ def create_block_mask(*args: Any, **kwargs: Any) -> Any:
     """torch.nn.attention.flex_attention.create_block_mask, holding block_mask_lock
     unless ``_compile=True`` (a compile must not hold it: see plan.BLOCK_MASK)."""
     from torch.nn.attention import flex_attention as flex
-    helper = vars(flex).get("__fxguard__")  # there while install() has patched it
-    original = helper.original if helper is not None else flex.create_block_mask
     if kwargs.get("_compile"):
-        return original(*args, **kwargs)
-    with block_mask_lock:
-        return original(*args, **kwargs)
+        return flex.create_block_mask(*args, **kwargs)
+    with block_mask_lock:  # re-entrant: install()'s wrapper takes it again, cheaply
+        return flex.create_block_mask(*args, **kwargs)

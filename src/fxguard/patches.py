@@ -16,6 +16,7 @@ import inspect
 import types
 from typing import Any, NamedTuple
 
+# "No attribute there" in a Patch; never handed out (get_original raises instead).
 MISSING: Any = type("MISSING", (), {"__repr__": lambda self: "<missing>"})()
 
 
@@ -90,11 +91,14 @@ def applied() -> tuple[Patch, ...]:
 
 
 def get_original(owner: object, attr: str) -> Any:
-    """What ``owner.attr`` was before fxguard touched it (current value if untouched)."""
-    for patch in _applied:
+    """What ``owner.attr`` was before fxguard first changed it; its current value if
+    fxguard never changed it.  AttributeError if there was no such attribute."""
+    for patch in _applied:  # the first change to it holds what was there before
         if patch.owner is owner and patch.attr == attr:
+            if patch.original is MISSING:
+                raise AttributeError(f"{owner!r} had no attribute {attr!r} before fxguard set it")
             return patch.original
-    return getattr(owner, attr, MISSING)
+    return getattr(owner, attr)
 
 
 def is_object_patched(owner: object, attr: str | None = None) -> bool:

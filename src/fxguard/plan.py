@@ -79,7 +79,7 @@ PER_THREAD: tuple[PerThread, ...] = (
 # for every other thread's compile).
 CONFIG_WINDOW = """\
     with __fxguard__.window():
-        yield from __fxguard__.original({call})
+        yield from __fxguard__.inner({call})
 """
 WINDOW_CONFIG = ("torch._dynamo.config", ("allow_empty_graphs", "capture_scalar_outputs"))
 
@@ -90,9 +90,9 @@ WINDOW_CONFIG = ("torch._dynamo.config", ("allow_empty_graphs", "capture_scalar_
 # inlined: no graph break.
 BLOCK_MASK = """\
     if _compile or __fxguard__.is_dynamo_compiling():
-        return __fxguard__.original({call})
+        return __fxguard__.inner({call})
     with __fxguard__.block_mask_lock:
-        return __fxguard__.original({call})
+        return __fxguard__.inner({call})
 """
 
 
@@ -103,11 +103,11 @@ BLOCK_MASK = """\
 # Under dynamo (never expected here) the original is inlined as it was.
 WORKER_CONFIG = """\
     if __fxguard__.is_dynamo_compiling():
-        return __fxguard__.original({call})
+        return __fxguard__.inner({call})
     context = __fxguard__.carried_context()
     if context is None:
-        return __fxguard__.original({call})
-    return __fxguard__.run_with_config_of(context, __fxguard__.original, {call})
+        return __fxguard__.inner({call})
+    return __fxguard__.run_with_config_of(context, __fxguard__.inner, {call})
 """
 
 
@@ -285,7 +285,11 @@ def _wrap(wrap: Wrapped, options: dict, planner: Planner, helpers: dict, changes
         return "not available on this torch"
     changes += overlays
     helper = helpers.setdefault(fn.__module__, types.ModuleType(f"fxguard.helpers[{fn.__module__}]"))
-    helper.original = patches.shadow_function(fn, planner.code_for(fn))
+    # What the wrapper calls: fn's body as the planner leaves it, in a function
+    # object of its own.  Not a record of originals (patches has the one).
+    if hasattr(helper, "inner"):
+        raise UnsupportedTorchError(f"two wrapped functions in {fn.__module__}: one helper each")
+    helper.inner = patches.shadow_function(fn, planner.code_for(fn))
     for name, make in wrap.helpers:
         setattr(helper, name, make())
     changes.append((wrap.what, fn, "__code__", patches.wrapper_code(fn, wrap.body)))

@@ -32,17 +32,39 @@ typedef struct {
     int published;       /* handed to torch's thread-local objects */
     int kept;            /* in st->kept (torch 2.11 holds it without a reference) */
     unsigned long epoch; /* the install() whose slot layout `values` has */
+    unsigned long forks; /* st->forks when made: a record from before a fork in a
+                          * child is another thread's, whose flag no longer counts */
     PyObject *values;    /* list: one value per slot */
     PyObject *context;   /* the thread's contextvars.Context, for workers (or NULL) */
 } fxg_record;
 
+/* Every name the core looks up, interned once per module object (exec) and
+ * not made again per call: X(field, text). */
+#define FXG_NAMES(X)                                     \
+    X(stash_probe_key, "fxguard.stash_probe")            \
+    X(symbolic_trace, "torch.fx._symbolic_trace")        \
+    X(fx_flag, "_is_fx_tracing_flag")                    \
+    X(torch_compiler, "torch.compiler")                  \
+    X(is_compiling, "is_compiling")                      \
+    X(threading, "threading")                            \
+    X(threading_active, "_active")                       \
+    X(dummy_thread, "_DummyThread")
+
+typedef struct {
+#define FXG_NAME_FIELD(field, text) PyObject *field;
+    FXG_NAMES(FXG_NAME_FIELD)
+#undef FXG_NAME_FIELD
+} fxg_names;
+
 typedef struct {
     fxg_mode mode;
     PyObject *record_key;        /* str: key in thread-state dicts and torch TLS */
+    fxg_names str;               /* other interned names (FXG_NAMES) */
     Py_ssize_t tracing_records;  /* records whose flag is set (GIL-protected) */
     Py_ssize_t published;        /* records handed to torch's TLS */
     unsigned long epoch;         /* bumped by every _configure() */
     int carry_context;           /* records note their thread's Context (config per thread) */
+    unsigned long forks;         /* forks this process is the child of (fxg_records_after_fork) */
     /* The last thread's own record: a thread-state id is never reused, so
      * one compare replaces the thread-state dict lookup on the hot path. */
     uint64_t cached_id;
@@ -54,7 +76,8 @@ typedef struct {
     PyObject *is_compiling;      /* torch.compiler.is_compiling */
     PyObject *tls_stash;         /* torch._C._stash_obj_in_tls */
     int tls_stash_steals;        /* it keeps our reference without taking one (torch 2.11) */
-    PyObject *kept;              /* list: what such a torch holds (records, probes); never freed */
+    PyObject *kept;              /* list: what such a torch holds (records, probes), see fxg_keep */
+    Py_ssize_t kept_sweep_at;    /* sweep `kept` when it grows to this length */
     PyObject *tls_has;           /* torch._C._is_key_in_tls */
     PyObject *tls_get;           /* torch._C._get_obj_in_tls */
     PyObject *upstream_get;      /* torch.fx._symbolic_trace._get_is_fx_tracing */
@@ -105,6 +128,13 @@ int fxg_thread_is_symbolic_tracing(fxg_state *st);  /* 1, 0, or -1 with error */
  * reference) and stores the previous flag in *prev.  NULL with an error. */
 fxg_record *fxg_thread_set_tracing(fxg_state *st, int value, int *prev);
 void fxg_record_set_flag(fxg_state *st, fxg_record *rec, int value);
+/* Hold `obj` in st->kept while torch 2.11's stash may still drop a reference
+ * to it; freed once that reference is gone.  0, or -1 with an error. */
+int fxg_keep(fxg_state *st, PyObject *obj);
+/* Let go of what torch no longer holds; see fxg_keep.  0, or -1 with an error. */
+int fxg_sweep_kept(fxg_state *st);
+/* In a forked child: only the forking thread's flag counts.  0, or -1. */
+int fxg_records_after_fork(fxg_state *st);
 int fxg_upstream_set(fxg_state *st, PyObject *value);  /* 0 or -1 */
 /* On a worker running another thread's graph task: that thread's Context.
  * New reference; Py_None elsewhere or when none is carried; NULL on error. */

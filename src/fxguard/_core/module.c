@@ -45,7 +45,22 @@ is_fx_symbolic_tracing(PyObject *module, PyObject *const *Py_UNUSED(args), Py_ss
 static PyObject *
 tracing_records(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
-    return PyLong_FromSsize_t(state_of(module)->tracing_records);
+    fxg_state *st = state_of(module);
+    /* A record torch 2.11 no longer holds may still count (its thread ended
+     * inside a trace): let go of those first.  Rare: uninstall() asks. */
+    if (st->tracing_records > 0 && PyList_GET_SIZE(st->kept) > 0 && fxg_sweep_kept(st) < 0) {
+        return NULL;
+    }
+    return PyLong_FromSsize_t(st->tracing_records);
+}
+
+static PyObject *
+after_fork_in_child(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    if (fxg_records_after_fork(state_of(module)) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
 }
 
 static PyObject *
@@ -121,18 +136,15 @@ static int
 stash_steals(fxg_state *st, PyObject *stash)
 {
     /* A fresh probe each time (a probe already stashed would be released by
-     * the stash itself and spoil the count), kept alive for good in st->kept
-     * so that whatever torch later does with it is harmless. */
-    PyObject *key = PyUnicode_FromString("fxguard.stash_probe");
+     * the stash itself and spoil the count), held in st->kept (fxg_keep) so
+     * that whatever torch later does with it is harmless. */
     PyObject *probe = PyList_New(0);
-    if (key == NULL || probe == NULL || PyList_Append(st->kept, probe) < 0) {
-        Py_XDECREF(key);
+    if (probe == NULL || fxg_keep(st, probe) < 0) {
         Py_XDECREF(probe);
         return -1;
     }
     Py_ssize_t before = Py_REFCNT(probe);
-    PyObject *r = PyObject_CallFunctionObjArgs(stash, key, probe, NULL);
-    Py_DECREF(key);
+    PyObject *r = PyObject_CallFunctionObjArgs(stash, st->str.stash_probe_key, probe, NULL);
     if (r == NULL) {
         Py_DECREF(probe);
         return -1;
@@ -146,7 +158,7 @@ stash_steals(fxg_state *st, PyObject *stash)
     return steals;
 }
 
-/* The torch functions install() hands the core, by keyword. */
+/* The torch functions install() hands the core, by keyword, in kwlist's order. */
 enum { HOOK_IS_COMPILING, HOOK_TLS_STASH, HOOK_TLS_HAS, HOOK_TLS_GET, HOOK_UPSTREAM_GET,
        HOOK_UPSTREAM_SET, N_HOOKS };
 
@@ -169,8 +181,10 @@ configure(PyObject *module, PyObject *args, PyObject *kwargs)
     PyObject *hooks[N_HOOKS] = {NULL};
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "i|$O!O!OOOOOOp:_configure", kwlist, &mode,
                                      &PyTuple_Type, &defaults, &PyTuple_Type, &factories,
-                                     &hooks[0], &hooks[1], &hooks[2], &hooks[3], &hooks[4],
-                                     &hooks[5], &carry_context)) {
+                                     &hooks[HOOK_IS_COMPILING], &hooks[HOOK_TLS_STASH],
+                                     &hooks[HOOK_TLS_HAS], &hooks[HOOK_TLS_GET],
+                                     &hooks[HOOK_UPSTREAM_GET], &hooks[HOOK_UPSTREAM_SET],
+                                     &carry_context)) {
         return NULL;
     }
     if (mode < FXG_MODE_OFF || mode > FXG_MODE_UPSTREAM) {
@@ -249,6 +263,9 @@ static PyMethodDef core_methods[] = {
     {"_enter_thread", enter_thread, METH_NOARGS,
      "_enter_thread($module, /)\n--\n\n"
      "Make the calling thread's record (and note its Context) now."},
+    {"_after_fork_in_child", after_fork_in_child, METH_NOARGS,
+     "_after_fork_in_child($module, /)\n--\n\n"
+     "In a forked child: only the calling (forking) thread's FX flag counts as tracing."},
     {"_configure", (PyCFunction)(void (*)(void))configure, METH_VARARGS | METH_KEYWORDS,
      "_configure($module, /, mode, *, defaults=(), factories=(), is_compiling=None,\n"
      "           tls_stash=None, tls_has=None, tls_get=None, upstream_get=None,\n"
@@ -281,8 +298,16 @@ core_exec(PyObject *module)
     st->epoch = 0;
     st->cached_id = 0;
     st->cached_record = NULL;
+    st->forks = 0;
     st->record_key = PyUnicode_InternFromString("fxguard.thread_record");
+#define FXG_NAME_INIT(field, text)                               \
+    if ((st->str.field = PyUnicode_InternFromString(text)) == NULL) { \
+        return -1;                                               \
+    }
+    FXG_NAMES(FXG_NAME_INIT)
+#undef FXG_NAME_INIT
     st->kept = PyList_New(0);
+    st->kept_sweep_at = 0; /* the first keep sweeps and sets it */
     if (st->record_key == NULL || st->kept == NULL) {
         return -1;
     }
@@ -341,6 +366,9 @@ core_clear(PyObject *module)
     fxg_state *st = state_of(module);
     clear_hooks(st);
     Py_CLEAR(st->record_key);
+#define FXG_NAME_CLEAR(field, text) Py_CLEAR(st->str.field);
+    FXG_NAMES(FXG_NAME_CLEAR)
+#undef FXG_NAME_CLEAR
     Py_CLEAR(st->kept);
     Py_CLEAR(st->cached_record);
     Py_CLEAR(st->record_type);
@@ -360,6 +388,19 @@ core_free(void *module)
 
 static PyModuleDef_Slot core_slots[] = {
     {Py_mod_exec, core_exec},
+#ifdef Py_mod_multiple_interpreters
+    /* 3.12+: every mutable thing lives in the module state or in objects made
+     * from it (no static PyObject *, types from specs), and each RLock keeps
+     * its books under its own interpreter's GIL; so each interpreter's import
+     * is independent, with or without a GIL of its own.  (torch itself does
+     * not support subinterpreters: this is about the core.) */
+    {Py_mod_multiple_interpreters, Py_MOD_PER_INTERPRETER_GIL_SUPPORTED},
+#endif
+#ifdef Py_mod_gil
+    /* 3.13+: the GIL serialises the records and the RLock's owner and count
+     * (rlock.c); on a free-threaded build importing the core turns it on. */
+    {Py_mod_gil, Py_MOD_GIL_USED},
+#endif
     {0, NULL},
 };
 

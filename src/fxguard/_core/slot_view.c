@@ -23,12 +23,13 @@ slot_view_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     PyObject *key, *value;
     Py_ssize_t pos = 0;
     while (PyDict_Next(names, &pos, &key, &value)) {
-        if (!PyUnicode_CheckExact(key) || !PyLong_CheckExact(value) ||
-            PyLong_AsSsize_t(value) < FXG_FLAG_SLOT) {
-            if (!PyErr_Occurred()) {
-                PyErr_SetString(PyExc_TypeError,
-                                "SlotView(names): a dict of str -> slot index (int >= -1)");
-            }
+        Py_ssize_t index = PyLong_CheckExact(value) ? PyLong_AsSsize_t(value) : FXG_FLAG_SLOT - 1;
+        if (index == -1 && PyErr_Occurred()) {
+            return NULL; /* OverflowError: no such slot */
+        }
+        if (!PyUnicode_CheckExact(key) || index < FXG_FLAG_SLOT) {
+            PyErr_SetString(PyExc_TypeError,
+                            "SlotView(names): a dict of str -> slot index (int >= -1)");
             return NULL;
         }
     }

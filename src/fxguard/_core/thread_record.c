@@ -29,7 +29,7 @@ record_dealloc(PyObject *self)
      * "someone is tracing" count up forever. */
     if (((fxg_record *)self)->flag) {
         fxg_state *st = fxg_state_of_type(tp);
-        if (st != NULL) {
+        if (st != NULL && ((fxg_record *)self)->forks == st->forks) {
             st->tracing_records--;
         }
     }
@@ -69,7 +69,9 @@ fxg_record_set_flag(fxg_state *st, fxg_record *rec, int value)
 {
     value = value != 0;
     if (rec->flag != value) {
-        st->tracing_records += value ? 1 : -1;
+        if (rec->forks == st->forks) {
+            st->tracing_records += value ? 1 : -1;
+        }
         rec->flag = value;
     }
 }
@@ -164,14 +166,14 @@ carried_record(fxg_state *st)
 /* Whether Python started this thread (threading.Thread or the main thread)
  * rather than torch (an autograd worker: C++, or a _DummyThread). */
 static int
-started_by_python(void)
+started_by_python(fxg_state *st)
 {
-    PyObject *threading = PyImport_ImportModule("threading");
+    PyObject *threading = PyImport_Import(st->str.threading);
     if (threading == NULL) {
         return -1;
     }
-    PyObject *active = PyObject_GetAttrString(threading, "_active");
-    PyObject *dummy = PyObject_GetAttrString(threading, "_DummyThread");
+    PyObject *active = PyObject_GetAttr(threading, st->str.threading_active);
+    PyObject *dummy = PyObject_GetAttr(threading, st->str.dummy_thread);
     Py_DECREF(threading);
     PyObject *ident = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
     int result = -1;
@@ -191,6 +193,56 @@ started_by_python(void)
     return result;
 }
 
+/* -- what torch 2.11's stash holds ------------------------------------------- */
+
+/* torch 2.11's _stash_obj_in_tls keeps an object without taking a reference
+ * and drops one later: when the key is stashed again, or when the thread's
+ * C++ thread-locals are destroyed at thread exit (and graph tasks that copied
+ * them are gone).  fxguard gives it that reference (publish) and holds the
+ * object in st->kept as well, so torch's drop is never the last one and never
+ * runs a dealloc from C++ thread-exit code.  Once torch has dropped it, the
+ * list's is the only reference left (refcount 1): nothing, torch included,
+ * can reach the object, and the list lets it go.  Swept when the list has
+ * doubled since the last sweep: amortised O(1) per keep, and the list stays
+ * within twice what torch still holds (live threads, pending graph tasks). */
+#define KEPT_SWEEP_MIN 64
+
+int
+fxg_sweep_kept(fxg_state *st)
+{
+    PyObject *old = st->kept;
+    PyObject *survivors = PyList_New(0);
+    if (survivors == NULL) {
+        return -1;
+    }
+    /* The loop runs no Python code (appends only resize), so `old` stays st->kept. */
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(old); i++) {
+        PyObject *obj = PyList_GET_ITEM(old, i);
+        if (Py_REFCNT(obj) > 1 && PyList_Append(survivors, obj) < 0) {
+            Py_DECREF(survivors);
+            return -1;
+        }
+    }
+    st->kept = survivors;
+    st->kept_sweep_at = 2 * PyList_GET_SIZE(survivors);
+    if (st->kept_sweep_at < KEPT_SWEEP_MIN) {
+        st->kept_sweep_at = KEPT_SWEEP_MIN;
+    }
+    /* Last, with st consistent: freeing a record frees its slot values,
+     * whose finalizers may run any code, this module's included. */
+    Py_DECREF(old);
+    return 0;
+}
+
+int
+fxg_keep(fxg_state *st, PyObject *obj)
+{
+    if (PyList_Append(st->kept, obj) < 0) {
+        return -1;
+    }
+    return PyList_GET_SIZE(st->kept) >= st->kept_sweep_at ? fxg_sweep_kept(st) : 0;
+}
+
 /* Hand a Python thread's record to torch's thread-local objects, so graph
  * tasks started from this thread carry it into autograd workers. */
 static int
@@ -206,15 +258,12 @@ publish(fxg_state *st, fxg_record *rec)
     Py_DECREF(r);
     rec->published = 1;
     if (st->tls_stash_steals) {
-        /* torch 2.11 keeps the record without a reference of its own and
-         * drops one later, also from C++ thread-exit code that may not hold
-         * the GIL.  Give it the reference it will drop, and keep the record
-         * for good, so that drop is never the last one. */
+        /* torch 2.11: give it the reference it will drop (see fxg_keep). */
         Py_INCREF(rec);
-        if (!rec->kept && PyList_Append(st->kept, (PyObject *)rec) == 0) {
+        if (!rec->kept && fxg_keep(st, (PyObject *)rec) == 0) {
             rec->kept = 1;
         }
-        PyErr_Clear(); /* a failed append only costs the safety margin */
+        PyErr_Clear(); /* a failed keep only costs the safety margin */
     }
     st->published++;
     return 0;
@@ -229,7 +278,7 @@ new_own_record(fxg_state *st, int python_thread)
         PyErr_SetString(PyExc_RuntimeError, "fxguard: no thread state dict");
         return NULL;
     }
-    if (python_thread < 0 && (python_thread = started_by_python()) < 0) {
+    if (python_thread < 0 && (python_thread = started_by_python(st)) < 0) {
         return NULL;
     }
     fxg_record *rec = PyObject_GC_New(fxg_record, st->record_type);
@@ -239,6 +288,7 @@ new_own_record(fxg_state *st, int python_thread)
     rec->flag = rec->kept = rec->published = 0;
     rec->worker = !python_thread;
     rec->epoch = st->epoch;
+    rec->forks = st->forks;
     rec->values = initial_values(st);
     rec->context = NULL;
     PyObject_GC_Track((PyObject *)rec);
@@ -259,6 +309,26 @@ note_context(fxg_state *st, fxg_record *rec)
     if (context != rec->context) {
         Py_XSETREF(rec->context, Py_XNewRef(context));
     }
+}
+
+/* A child of fork() has one thread.  The others' records may live on (in
+ * their leaked frames, in torch's thread-locals), but their flags must not
+ * keep counting as traces in progress: uninstall() would refuse for good.
+ * Records made before this fork stop counting; the forking thread's own is
+ * moved to the new count. */
+int
+fxg_records_after_fork(fxg_state *st)
+{
+    st->forks++;
+    Py_CLEAR(st->cached_record);
+    st->tracing_records = 0;
+    fxg_record *own = own_record(st);
+    if (own == NULL) {
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    own->forks = st->forks;
+    st->tracing_records = own->flag;
+    return 0;
 }
 
 fxg_record *
@@ -310,8 +380,8 @@ fxg_record_for_new_thread(fxg_state *st)
     if (own == NULL && PyErr_Occurred()) {
         return NULL;
     }
-    if (own == NULL && (own = new_own_record(st, 1)) == NULL) {
-        return NULL;
+    if (own == NULL) {
+        return new_own_record(st, 1); /* already a new reference */
     }
     Py_INCREF(own);
     return own; /* fxg_record_for() publishes it and notes the Context */
@@ -342,18 +412,13 @@ fxg_carried_context(fxg_state *st)
 /* `module.attr` if that module is loaded (never imports it), as a new
  * reference; NULL without error if the module or attribute is missing. */
 static PyObject *
-loaded_attr(const char *module, const char *attr)
+loaded_attr(PyObject *module, PyObject *attr)
 {
-    PyObject *name = PyUnicode_FromString(module);
-    if (name == NULL) {
-        return NULL;
-    }
-    PyObject *mod = PyImport_GetModule(name);
-    Py_DECREF(name);
+    PyObject *mod = PyImport_GetModule(module);
     if (mod == NULL) {
         return NULL;
     }
-    PyObject *value = PyObject_GetAttrString(mod, attr);
+    PyObject *value = PyObject_GetAttr(mod, attr);
     Py_DECREF(mod);
     if (value == NULL && PyErr_ExceptionMatches(PyExc_AttributeError)) {
         PyErr_Clear();
@@ -364,9 +429,9 @@ loaded_attr(const char *module, const char *attr)
 /* Stock torch's module global, read when fxguard is not installed so that
  * fxguard.is_fx_tracing() still tells the truth. */
 static int
-torch_global_flag(void)
+torch_global_flag(fxg_state *st)
 {
-    PyObject *flag = loaded_attr("torch.fx._symbolic_trace", "_is_fx_tracing_flag");
+    PyObject *flag = loaded_attr(st->str.symbolic_trace, st->str.fx_flag);
     if (flag == NULL) {
         return PyErr_Occurred() ? -1 : 0;
     }
@@ -408,7 +473,7 @@ fxg_thread_is_tracing(fxg_state *st)
         return -1;
     }
     if (st->mode == FXG_MODE_OFF) {
-        return own != NULL && own->flag ? 1 : torch_global_flag();
+        return own != NULL && own->flag ? 1 : torch_global_flag(st);
     }
     if (st->tracing_records == 0) {
         return 0; /* nobody traces: nothing can have been carried here */
@@ -429,7 +494,7 @@ torch_is_compiling(fxg_state *st)
         return call_truth(st->is_compiling);
     }
     /* Not installed: use torch.compiler.is_compiling if torch is loaded. */
-    PyObject *fn = loaded_attr("torch.compiler", "is_compiling");
+    PyObject *fn = loaded_attr(st->str.torch_compiler, st->str.is_compiling);
     if (fn == NULL) {
         return PyErr_Occurred() ? -1 : 0;
     }

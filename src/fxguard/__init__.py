@@ -83,6 +83,8 @@ def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
             for module, name, value in prepared.initial:  # this thread keeps what it had
                 setattr(vars(module)["__fxguard_tls__"], name, value)
             _core._enter_thread()  # this thread's record, for autograd workers
+            if _core._stash_steals():
+                _wait_for_exiting_threads_at_exit()
         except BaseException:
             patches.revert_all()
             _core._configure(_core.MODE_OFF)
@@ -101,6 +103,23 @@ def _log_installed(info: dict) -> None:
     for r in rows:
         if str(r.get("reason", "")).startswith("not covered"):
             log.warning("fxguard stood down for %s %s: %s", r["what"], r["where"], r["reason"])
+
+
+_exit_wait_registered = False
+
+
+def _wait_for_exiting_threads_at_exit() -> None:
+    """torch 2.11: a thread that ends just before the process does destroys its
+    C++ thread-locals (holding its stashed record) while the interpreter
+    finalizes, and torch's decref there aborts the process ("terminate called
+    without an active exception").  An exit handler, which runs after threading
+    joined its threads and before finalization, waits (up to 2 s, GIL
+    released) until they have let go."""
+    global _exit_wait_registered
+    if not _exit_wait_registered:
+        import atexit
+        atexit.register(_core._await_thread_exits, 2.0)
+        _exit_wait_registered = True
 
 
 def _configure_core(layout: str, defaults: tuple[tuple, tuple], carry_context: bool) -> str:

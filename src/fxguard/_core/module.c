@@ -3,6 +3,8 @@
  * each interpreter that imports fxguard gets its own. */
 #include "fxguard.h"
 
+#include <time.h>
+
 static fxg_state *
 state_of(PyObject *module)
 {
@@ -61,6 +63,29 @@ after_fork_in_child(PyObject *module, PyObject *Py_UNUSED(ignored))
         return NULL;
     }
     Py_RETURN_NONE;
+}
+
+/* _await_thread_exits(timeout): an exit handler on torch 2.11 (see
+ * fxg_exiting_records): wait, with the GIL released, until threads that ended
+ * have destroyed their torch thread-locals, or `timeout` seconds passed.
+ * Returns how many are still pending. */
+static PyObject *
+await_thread_exits(PyObject *module, PyObject *arg)
+{
+    double timeout = PyFloat_AsDouble(arg);
+    if (timeout == -1.0 && PyErr_Occurred()) {
+        return NULL;
+    }
+    fxg_state *st = state_of(module);
+    Py_ssize_t pending;
+    for (int waited_ms = 0; (pending = fxg_exiting_records(st)) > 0 && waited_ms < timeout * 1000;
+         waited_ms++) {
+        Py_BEGIN_ALLOW_THREADS
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+        Py_END_ALLOW_THREADS
+    }
+    return PyLong_FromSsize_t(pending);
 }
 
 static PyObject *
@@ -263,6 +288,10 @@ static PyMethodDef core_methods[] = {
     {"_enter_thread", enter_thread, METH_NOARGS,
      "_enter_thread($module, /)\n--\n\n"
      "Make the calling thread's record (and note its Context) now."},
+    {"_await_thread_exits", await_thread_exits, METH_O,
+     "_await_thread_exits($module, timeout, /)\n--\n\n"
+     "At exit, torch 2.11: wait until threads that ended have let go of their\n"
+     "torch thread-locals (or timeout seconds); returns how many are left."},
     {"_after_fork_in_child", after_fork_in_child, METH_NOARGS,
      "_after_fork_in_child($module, /)\n--\n\n"
      "In a forked child: only the calling (forking) thread's FX flag counts as tracing."},

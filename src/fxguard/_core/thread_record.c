@@ -243,6 +243,26 @@ fxg_keep(fxg_state *st, PyObject *obj)
     return PyList_GET_SIZE(st->kept) >= st->kept_sweep_at ? fxg_sweep_kept(st) : 0;
 }
 
+/* Records whose thread has ended in Python while torch 2.11's C++
+ * thread-locals still hold them: only `kept` and torch have a reference (one
+ * more if it is the cached record).  Those thread-locals are destroyed when the
+ * OS thread finishes exiting; if the interpreter is finalizing by then, torch's
+ * decref takes the GIL, CPython ends the thread inside that destructor, and
+ * std::terminate aborts the process.  Exit handlers wait for them instead. */
+Py_ssize_t
+fxg_exiting_records(fxg_state *st)
+{
+    Py_ssize_t n = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(st->kept); i++) {
+        PyObject *obj = PyList_GET_ITEM(st->kept, i);
+        if (Py_IS_TYPE(obj, st->record_type) && ((fxg_record *)obj)->published &&
+            Py_REFCNT(obj) - 1 - (obj == st->cached_record) == 1) {
+            n++;
+        }
+    }
+    return n;
+}
+
 /* Hand a Python thread's record to torch's thread-local objects, so graph
  * tasks started from this thread carry it into autograd workers. */
 static int

@@ -107,5 +107,8 @@ def test_backward_sees_the_state_of_the_thread_it_runs_for(guard, device):
     if device == "cpu-pool":  # both ran on the engine's pool thread
         assert a_thread not in (who["a"], who["b"]) and b_thread not in (who["a"], who["b"])
     compiling = hasattr(torch.compiler, "_compile_session_context")
-    assert a_saw == (True, compiling), "backward run for the tracing thread must see its state"
+    # torch >= 2.14 keeps the FX flag in its own threading.local, which fxguard
+    # leaves alone: a worker sees its own (False) there (README, Limits).
+    flag = device == "cpu" or torch_races()
+    assert a_saw == (flag, compiling), "backward run for the tracing thread must see its state"
     assert b_saw == (False, False), "backward run for another thread must not"

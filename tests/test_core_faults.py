@@ -176,10 +176,23 @@ def test_functions_without_arguments_reject_arguments(name):
         getattr(_core, name)(1)
 
 
+@pytest.mark.parametrize("name, args, error", [
+    ("_await_thread_exits", ("soon",), TypeError),
+    ("_function_version", (1,), TypeError),
+    ("_restore_function_version", (1, 2), TypeError),
+    ("Reader", ("x",), TypeError),
+    ("Reader", (99,), ValueError),
+])
+def test_bad_arguments_to_the_other_functions(name, args, error):
+    with pytest.raises(error):
+        getattr(_core, name)(*args)
+
+
 def test_every_public_function_is_checked():
     callables = {n for n in dir(_core) if callable(getattr(_core, n)) and not n.startswith("__")}
-    assert callables == set(NO_ARGUMENT_FUNCTIONS) | {"_configure", "fx_tracing", "SlotView",
-                                                      "RLock"}
+    assert callables == set(NO_ARGUMENT_FUNCTIONS) | {
+        "_configure", "fx_tracing", "SlotView", "RLock", "_await_thread_exits",
+        "_function_version", "_restore_function_version", "Reader"}
 
 
 @pytest.mark.parametrize("args, kwargs, error", [

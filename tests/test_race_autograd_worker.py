@@ -14,6 +14,7 @@ import pytest
 import torch
 from guarded import both_ways, run_together, torch_races
 
+FLAG_IS_MODULE_GLOBAL = torch_races()  # asked before any install() (it reads torch's module)
 DEVICES = ["cpu", "cpu-pool", pytest.param("cuda", marks=[
     pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])]
 
@@ -109,6 +110,6 @@ def test_backward_sees_the_state_of_the_thread_it_runs_for(guard, device):
     compiling = hasattr(torch.compiler, "_compile_session_context")
     # torch >= 2.14 keeps the FX flag in its own threading.local, which fxguard
     # leaves alone: a worker sees its own (False) there (README, Limits).
-    flag = device == "cpu" or torch_races()
+    flag = device == "cpu" or FLAG_IS_MODULE_GLOBAL
     assert a_saw == (flag, compiling), "backward run for the tracing thread must see its state"
     assert b_saw == (False, False), "backward run for another thread must not"

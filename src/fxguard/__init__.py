@@ -83,7 +83,7 @@ def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
             for module, name, value in prepared.initial:  # this thread keeps what it had
                 setattr(vars(module)["__fxguard_tls__"], name, value)
             _core._enter_thread()  # this thread's record, for autograd workers
-            if _core._stash_steals():
+            if "not carried" not in workers:
                 _wait_for_exiting_threads_at_exit()
         except BaseException:
             patches.revert_all()
@@ -109,10 +109,10 @@ _exit_wait_registered = False
 
 
 def _wait_for_exiting_threads_at_exit() -> None:
-    """torch 2.11: a thread that ends just before the process does destroys its
-    C++ thread-locals (holding its stashed record) while the interpreter
+    """A thread that ends just before the process does destroys its C++
+    thread-locals (holding its stashed record) while the interpreter
     finalizes, and torch's decref there aborts the process ("terminate called
-    without an active exception").  An exit handler, which runs after threading
+    without an active exception"; seen on torch 2.11 and 2.13).  An exit handler, which runs after threading
     joined its threads and before finalization, waits (up to 2 s, GIL
     released) until they have let go."""
     global _exit_wait_registered

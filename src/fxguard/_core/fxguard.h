@@ -132,7 +132,7 @@ void fxg_record_set_flag(fxg_state *st, fxg_record *rec, int value);
  * to it; freed once that reference is gone.  0, or -1 with an error. */
 int fxg_keep(fxg_state *st, PyObject *obj);
 /* Kept records of threads that ended in Python but whose torch thread-locals
- * are not destroyed yet (torch 2.11). */
+ * are not destroyed yet. */
 Py_ssize_t fxg_exiting_records(fxg_state *st);
 /* Let go of what torch no longer holds; see fxg_keep.  0, or -1 with an error. */
 int fxg_sweep_kept(fxg_state *st);

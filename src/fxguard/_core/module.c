@@ -65,7 +65,7 @@ after_fork_in_child(PyObject *module, PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
-/* _await_thread_exits(timeout): an exit handler on torch 2.11 (see
+/* _await_thread_exits(timeout): an exit handler (see
  * fxg_exiting_records): wait, with the GIL released, until threads that ended
  * have destroyed their torch thread-locals, or `timeout` seconds passed.
  * Returns how many are still pending. */
@@ -290,7 +290,7 @@ static PyMethodDef core_methods[] = {
      "Make the calling thread's record (and note its Context) now."},
     {"_await_thread_exits", await_thread_exits, METH_O,
      "_await_thread_exits($module, timeout, /)\n--\n\n"
-     "At exit, torch 2.11: wait until threads that ended have let go of their\n"
+     "At exit: wait until threads that ended have let go of their\n"
      "torch thread-locals (or timeout seconds); returns how many are left."},
     {"_after_fork_in_child", after_fork_in_child, METH_NOARGS,
      "_after_fork_in_child($module, /)\n--\n\n"

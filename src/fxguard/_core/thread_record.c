@@ -243,7 +243,7 @@ fxg_keep(fxg_state *st, PyObject *obj)
     return PyList_GET_SIZE(st->kept) >= st->kept_sweep_at ? fxg_sweep_kept(st) : 0;
 }
 
-/* Records whose thread has ended in Python while torch 2.11's C++
+/* Records whose thread has ended in Python while torch's C++
  * thread-locals still hold them: only `kept` and torch have a reference (one
  * more if it is the cached record).  Those thread-locals are destroyed when the
  * OS thread finishes exiting; if the interpreter is finalizing by then, torch's
@@ -278,13 +278,15 @@ publish(fxg_state *st, fxg_record *rec)
     Py_DECREF(r);
     rec->published = 1;
     if (st->tls_stash_steals) {
-        /* torch 2.11: give it the reference it will drop (see fxg_keep). */
-        Py_INCREF(rec);
-        if (!rec->kept && fxg_keep(st, (PyObject *)rec) == 0) {
-            rec->kept = 1;
-        }
-        PyErr_Clear(); /* a failed keep only costs the safety margin */
+        Py_INCREF(rec); /* torch 2.11: give it the reference it will drop */
     }
+    /* Kept on every torch: on 2.11 so torch's drop is never the last (see
+     * fxg_keep), everywhere so the exit handler finds records whose thread
+     * ended while torch's thread-locals still hold them (fxg_exiting_records). */
+    if (!rec->kept && fxg_keep(st, (PyObject *)rec) == 0) {
+        rec->kept = 1;
+    }
+    PyErr_Clear(); /* a failed keep only costs the safety margin */
     st->published++;
     return 0;
 }

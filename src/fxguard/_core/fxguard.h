@@ -62,6 +62,7 @@ typedef struct {
     PyTypeObject *slot_view_type;
     PyTypeObject *fx_tracing_type;
     PyTypeObject *rlock_type;
+    PyTypeObject *dispatch_type;
     PyObject *rlock_registry;  /* capsule: the live RLocks, reset after fork (rlock.c) */
 } fxg_state;
 
@@ -83,6 +84,9 @@ extern PyType_Spec fxg_slot_view_spec;
 
 /* fx_tracing.c */
 extern PyType_Spec fxg_fx_tracing_spec;
+
+/* dispatch.c */
+extern PyType_Spec fxg_dispatch_spec;
 
 /* rlock.c */
 extern PyType_Spec fxg_rlock_spec;

@@ -226,7 +226,8 @@ core_exec(PyObject *module)
         add_type(module, &fxg_record_spec, &st->record_type, NULL) < 0 ||
         add_type(module, &fxg_slot_view_spec, &st->slot_view_type, "SlotView") < 0 ||
         add_type(module, &fxg_fx_tracing_spec, &st->fx_tracing_type, "fx_tracing") < 0 ||
-        add_type(module, &fxg_rlock_spec, &st->rlock_type, "RLock") < 0) {
+        add_type(module, &fxg_rlock_spec, &st->rlock_type, "RLock") < 0 ||
+        add_type(module, &fxg_dispatch_spec, &st->dispatch_type, "Dispatch") < 0) {
         return -1;
     }
     /* The one process-wide lock around block-mask creation (meant to be shared). */
@@ -257,6 +258,7 @@ core_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->slot_view_type);
     Py_VISIT(st->fx_tracing_type);
     Py_VISIT(st->rlock_type);
+    Py_VISIT(st->dispatch_type);
     Py_VISIT(st->rlock_registry);
     return 0;
 }
@@ -273,6 +275,7 @@ core_clear(PyObject *module)
     Py_CLEAR(st->slot_view_type);
     Py_CLEAR(st->fx_tracing_type);
     Py_CLEAR(st->rlock_type);
+    Py_CLEAR(st->dispatch_type);
     Py_CLEAR(st->rlock_registry);
     return 0;
 }

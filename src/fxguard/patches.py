@@ -45,23 +45,44 @@ def resolve_path(path: str) -> tuple[object, str, object]:
 
 
 def apply_patch(label: str, owner: object, attr: str, value: Any) -> Patch:
-    """Set (or, with value MISSING, delete) ``owner.attr``, saving what was there."""
-    original = getattr(owner, attr, MISSING)
-    if value is MISSING:
-        delattr(owner, attr)
-    else:
-        setattr(owner, attr, value)
+    """Set (or, with value MISSING, delete) ``owner.attr``, saving what was there.
+    A dict owner (a module's globals) has the item ``attr`` changed instead."""
+    original = _get(owner, attr)
+    _put(owner, attr, value)
     patch = Patch(label, owner, attr, original, value)
     _applied.append(patch)
     return patch
 
 
 def revert(patch: Patch) -> None:
-    if patch.original is MISSING:
-        if patch.value is not MISSING:
-            delattr(patch.owner, patch.attr)
+    if patch.original is not MISSING or patch.value is not MISSING:
+        _put(patch.owner, patch.attr, patch.original)
+
+
+def _get(owner: object, attr: str) -> Any:
+    return owner.get(attr, MISSING) if isinstance(owner, dict) else getattr(owner, attr, MISSING)
+
+
+def _put(owner: object, attr: str, value: Any) -> None:
+    """owner.attr = value (owner[attr] for a dict); MISSING deletes."""
+    if isinstance(owner, dict):
+        if value is MISSING:
+            del owner[attr]
+        else:
+            owner[attr] = value
+    elif value is MISSING:
+        delattr(owner, attr)
     else:
-        setattr(patch.owner, patch.attr, patch.original)
+        setattr(owner, attr, value)
+
+
+def undo(patch: Patch) -> None:
+    """Revert one patch now and forget it (it must be the latest on its attribute)."""
+    for i in range(len(_applied) - 1, -1, -1):
+        if _applied[i] is patch:  # by identity: comparing owners could call anything
+            del _applied[i]
+            revert(patch)
+            return
 
 
 def revert_all() -> None:
@@ -78,7 +99,7 @@ def get_original(owner: object, attr: str) -> Any:
     for patch in _applied:
         if patch.owner is owner and patch.attr == attr:
             return patch.original
-    return getattr(owner, attr, MISSING)
+    return _get(owner, attr)
 
 
 def is_object_patched(owner: object, attr: str | None = None) -> bool:

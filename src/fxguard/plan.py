@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from . import _core, patches
 from .per_thread import NotCovered, PerThread, Planner
+from .per_thread_patch import Patching
 
 FLAG = "_is_fx_tracing_flag"
 FLAG_MODULE = "torch.fx._symbolic_trace"
@@ -55,6 +56,40 @@ PER_THREAD: tuple[PerThread, ...] = (
     # Which GraphModule class a make_fx/symbolic_trace builds.
     PerThread("torch.fx._lazy_graph_module", "_use_lazy_graph_module_flag", False),
     PerThread("torch.fx._lazy_graph_module", "_force_skip_lazy_graph_module_flag", False),
+)
+
+
+
+# -- direct traces on several threads ---------------------------------------------
+
+PATCHER_MODULE = "torch.fx._symbolic_trace"
+
+PER_THREAD += (
+    # Tracer.trace's patcher stack: _new_patcher and dynamo's
+    # _maybe_revert_all_patches must see the calling thread's.
+    PerThread(PATCHER_MODULE, "CURRENT_PATCHER", None),
+)
+
+# Tracer.trace patches nn.Module.__call__/__getattr__, torch.fx.wrap'ped module
+# globals and autowrapped functions (math.sqrt in the traced code's globals)
+# through these functions; made per thread, a trace patches its own thread only.
+PATCHING: tuple[Patching, ...] = (
+    Patching(
+        PATCHER_MODULE,
+        functions=("_PatchedFnSetItem.patch", "_PatchedFnSetItem.revert",
+                   "_PatchedFnDel.patch", "_PatchedFnDel.revert",
+                   "_PatchedFnSetAttr.patch", "_PatchedFnSetAttr.revert",
+                   "_Patcher.patch", "_Patcher.patch_method", "_patch_wrapped_functions",
+                   "_autowrap_check", "_create_wrapped_method"),
+        containers=("frame_dict", "self.frame_dict", "cls"),
+        # Every module call of every thread passes these: dispatch from install() on.
+        up_front=("torch.nn.Module.__call__", "torch.nn.Module.__getattr__"),
+        # Dynamo compares Module.__getattr__ by identity (inspect.getattr_static):
+        # a descriptor there makes every compiled submodule access unsupported.
+        # Tracer.trace calls the real one through _orig_module_getattr.
+        keep_identity=(("torch.nn.Module.__getattr__",
+                        (f"{PATCHER_MODULE}._orig_module_getattr",)),),
+    ),
 )
 
 
@@ -198,6 +233,8 @@ def prepare(layout: str, options: dict[str, bool]) -> Prepared:
             reason = f"not covered: {e}"
         rows.append(_row("FX-tracing flag" if row.flag else what, row.where, reason))
     changes = planner.changes("per-thread")
+    for spec in PATCHING:
+        rows.append(_row("per-thread patching", spec.where, _patching(spec, changes)))
     helpers: dict[str, types.ModuleType] = {}
     for wrap in WRAPPED:
         reason = _wrap(wrap, options, planner, helpers, changes)
@@ -243,6 +280,16 @@ def _wrap(wrap: Wrapped, options: dict, planner: Planner, helpers: dict, changes
         setattr(helper, name, make())
     changes.append((wrap.what, fn, "__code__", patches.wrapper_code(fn, wrap.body)))
     return "patched"
+
+
+def _patching(spec: Patching, changes: list) -> str:
+    from . import per_thread_patch
+    try:
+        more, reason = per_thread_patch.plan(spec)
+    except NotCovered as e:
+        return f"not covered: {e}"
+    changes += more
+    return reason
 
 
 def _config_default(cfg: ConfigDefault, options: dict, changes: list) -> str:

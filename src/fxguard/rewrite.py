@@ -255,3 +255,66 @@ def _bound_names(scope: ast.AST, args: ast.arguments | None) -> set[str]:
         elif isinstance(node, ast.ExceptHandler) and node.name:
             bound.add(node.name)
     return bound
+
+
+# -- container operations through a view ---------------------------------------
+
+def view_containers(fn: types.FunctionType, containers: Iterable[str],
+                    via: str) -> tuple[types.CodeType, int]:
+    """New code for ``fn`` in which every item, membership and attribute
+    operation on one of ``containers`` (source text: ``"frame_dict"``,
+    ``"self.frame_dict"``) goes through ``via(container)`` instead:
+    ``d[k] = v``, ``k in d``, ``d.items()``, ``getattr(d, k)``,
+    ``setattr(d, k, v)``.  Passing the container on (``f(d)``) is left alone.
+    Returns (code, how many operations changed).  Raises RewriteError.
+    """
+    code = fn.__code__
+    tree = _module_ast(code.co_filename)
+    path = _find_def(tree, code)
+    changer = _ViewContainers(set(containers), via)
+    func = changer.visit(_copy(path[-1]))
+    if changer.count == 0:
+        return code, 0
+    wrapped = _nest(func, path[:-1], _future_imports(tree))
+    compiled = compile(ast.fix_missing_locations(wrapped), code.co_filename, "exec",
+                       dont_inherit=True)
+    new = _find_code(compiled, code)
+    if new.co_freevars != code.co_freevars:
+        raise RewriteError(f"{code.co_name}: free variables differ")
+    return new, changer.count
+
+
+class _ViewContainers(ast.NodeTransformer):
+    ATTRIBUTE_FUNCTIONS = {"getattr", "setattr", "delattr", "hasattr"}
+
+    def __init__(self, containers: set[str], via: str):
+        self.containers, self.via, self.count = containers, via, 0
+
+    def _view(self, node: ast.expr) -> ast.expr:
+        if ast.unparse(node) not in self.containers:
+            return node
+        self.count += 1
+        call = ast.Call(func=ast.Name(id=self.via, ctx=ast.Load()), args=[node], keywords=[])
+        return ast.copy_location(call, node)
+
+    def visit_Subscript(self, node: ast.Subscript) -> ast.AST:
+        self.generic_visit(node)
+        node.value = self._view(node.value)
+        return node
+
+    def visit_Compare(self, node: ast.Compare) -> ast.AST:
+        self.generic_visit(node)
+        node.comparators = [self._view(c) if isinstance(op, (ast.In, ast.NotIn)) else c
+                            for op, c in zip(node.ops, node.comparators)]
+        return node
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+        self.generic_visit(node)
+        node.value = self._view(node.value)
+        return node
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        if isinstance(node.func, ast.Name) and node.func.id in self.ATTRIBUTE_FUNCTIONS and node.args:
+            node.args[0] = self._view(node.args[0])
+        return node

@@ -143,15 +143,24 @@ def wrapper_code(fn: types.FunctionType, body: str) -> types.CodeType:
     dynamo's skip rules treat it as the original did.
     """
     original = fn.__code__
-    if original.co_freevars:
-        raise TypeError(f"{fn.__qualname__} is a closure; its code cannot be swapped")
     params, call = _parameters(original)
     source = f"def {original.co_name}({params}):\n" + body.format(call=call)
+    if original.co_freevars:
+        # Same free variables (a method using super() has __class__), so that
+        # the code fits fn's closure: define them in an enclosing function and
+        # name each once in the body.
+        free = original.co_freevars
+        source = (f"def __fxguard_outer__():\n    {' = '.join(free)} = None\n" +
+                  "\n".join("    " + line for line in source.splitlines()).replace(
+                      "):\n", f"):\n        {', '.join(free)}\n", 1) +
+                  f"\n    return {original.co_name}\n")
     namespace: dict[str, Any] = {}
     exec(compile(source, original.co_filename, "exec"), namespace)
-    code = namespace[original.co_name].__code__
-    if code.co_freevars:
-        raise TypeError("wrapper body must not create a closure")
+    made = namespace["__fxguard_outer__"]() if original.co_freevars else namespace[original.co_name]
+    code = made.__code__
+    if code.co_freevars != original.co_freevars:
+        raise TypeError(f"{fn.__qualname__}: wrapper body must not change the closure "
+                        f"({code.co_freevars} vs {original.co_freevars})")
     changes = dict(co_firstlineno=original.co_firstlineno)
     if hasattr(original, "co_qualname"):
         changes["co_qualname"] = original.co_qualname

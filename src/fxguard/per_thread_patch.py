@@ -218,6 +218,35 @@ def _callee(container: object, name: str, original: Any) -> Any:
     raise RuntimeError(f"fxguard: {name!r} is neither in {container!r} nor inherited")
 
 
+# -- class attributes that are mutable state ------------------------------------
+
+@dataclass(frozen=True)
+class ClassState:
+    """A mutable class attribute every instance updates in place (a counter
+    dict): each thread gets its own, made by ``factory``."""
+    where: str                  # 'pkg.mod.Class.attr'
+    factory: Any                # () -> a fresh value
+
+
+def plan_class_state(row: ClassState) -> tuple[list[tuple[str, object, str, Any]], str]:
+    try:
+        owner, name, _ = patches.resolve_path(row.where)
+    except (ImportError, AttributeError):
+        return [], "not available on this torch"
+    if not isinstance(owner, type) or name not in vars(owner):
+        return [], "not available on this torch"
+    local = threading.local()
+
+    def per_thread(_self: Any) -> Any:
+        try:
+            return local.value
+        except AttributeError:
+            local.value = row.factory()
+            return local.value
+
+    return [(LABEL, owner, name, property(per_thread, doc=f"per-thread {name} (fxguard)"))], "patched"
+
+
 # -- planning ------------------------------------------------------------------
 
 def plan(spec: Patching) -> tuple[list[tuple[str, object, str, Any]], str]:

@@ -10,14 +10,15 @@ in order and uninstall() undoes them in reverse.
 """
 from __future__ import annotations
 
+import collections
 import importlib
 import types
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import _core, patches
+from . import _core, patches, per_thread_patch
 from .per_thread import NotCovered, PerThread, Planner
-from .per_thread_patch import Patching
+from .per_thread_patch import ClassState, Patching
 
 FLAG = "_is_fx_tracing_flag"
 FLAG_MODULE = "torch.fx._symbolic_trace"
@@ -68,6 +69,17 @@ PER_THREAD += (
     # Tracer.trace's patcher stack: _new_patcher and dynamo's
     # _maybe_revert_all_patches must see the calling thread's.
     PerThread(PATCHER_MODULE, "CURRENT_PATCHER", None),
+    # make_fx(pre_dispatch=True) (non-strict export) keeps its infra modes
+    # here; two exports at once: "ProxyTorchDispatchMode slot already occupied".
+    PerThread("torch._ops", "_mode_stack_state_for_pre_dispatch",
+              factory=lambda: importlib.import_module("torch._ops")._ModeStackStateForPreDispatch()),
+    # export(): set on entry, cleared on exit ("_EXPORT_MODULE_HIERARCHY must
+    # not be None" in the thread whose export is still running).
+    PerThread("torch.export._trace", "_EXPORT_FLAGS", None),
+    PerThread("torch.export._trace", "_EXPORT_MODULE_HIERARCHY", None),
+    # Filled by one non-strict export's make_fx, read back by the same export.
+    PerThread("torch.fx.experimental.proxy_tensor", "_FAKE_TENSOR_ID_TO_PROXY_MAP_FOR_EXPORT",
+              factory=dict, aliases=("torch.export._trace",)),
 )
 
 # Tracer.trace patches nn.Module.__call__/__getattr__, torch.fx.wrap'ped module
@@ -90,6 +102,14 @@ PATCHING: tuple[Patching, ...] = (
         keep_identity=(("torch.nn.Module.__getattr__",
                         (f"{PATCHER_MODULE}._orig_module_getattr",)),),
     ),
+)
+
+
+# Tracer._qualname_counter is one class-level dict for every tracer: names
+# like _param_constant1 depend on what other threads' traces did meanwhile.
+CLASS_STATE: tuple[ClassState, ...] = (
+    ClassState(f"{PATCHER_MODULE}.Tracer._qualname_counter",
+               factory=lambda: collections.defaultdict(int)),
 )
 
 
@@ -235,6 +255,10 @@ def prepare(layout: str, options: dict[str, bool]) -> Prepared:
     changes = planner.changes("per-thread")
     for spec in PATCHING:
         rows.append(_row("per-thread patching", spec.where, _patching(spec, changes)))
+    for state in CLASS_STATE:
+        more, reason = per_thread_patch.plan_class_state(state)
+        changes += more
+        rows.append(_row("per-thread class state", state.where, reason))
     helpers: dict[str, types.ModuleType] = {}
     for wrap in WRAPPED:
         reason = _wrap(wrap, options, planner, helpers, changes)
@@ -283,7 +307,6 @@ def _wrap(wrap: Wrapped, options: dict, planner: Planner, helpers: dict, changes
 
 
 def _patching(spec: Patching, changes: list) -> str:
-    from . import per_thread_patch
     try:
         more, reason = per_thread_patch.plan(spec)
     except NotCovered as e:

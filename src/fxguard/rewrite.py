@@ -42,7 +42,7 @@ def redirect(fn: types.FunctionType, names: Iterable[str], via: str,
     func = changer.visit(_copy(path[-1]))
     if changer.count == 0:
         return code, 0
-    wrapped = _nest(func, path[:-1], _future_imports(tree))
+    wrapped = _nest(func, path[:-1], _future_imports(tree), code.co_freevars)
     compiled = compile(ast.fix_missing_locations(wrapped), code.co_filename, "exec",
                        dont_inherit=True)
     new = _find_code(compiled, code)
@@ -108,8 +108,8 @@ def _find_def(tree: ast.Module, code: types.CodeType) -> list[ast.AST]:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 if node.name == code.co_name and _first_line(node) == code.co_firstlineno:
                     return path + [node]
-            if isinstance(node, ast.ClassDef):
-                found = search(node.body, path + [node])
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                found = search(node.body, path + [node])  # methods; closures made by a def
                 if found:
                     return found
             for field in ("body", "orelse", "finalbody", "handlers"):  # defs under if/try
@@ -135,10 +135,21 @@ def _future_imports(tree: ast.Module) -> list[ast.stmt]:
     return [n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "__future__"]
 
 
-def _nest(func: ast.AST, classes: list[ast.AST], future: list[ast.stmt]) -> ast.Module:
-    """Put the def back inside its classes (for ``__class__``/qualname), alone."""
+def _nest(func: ast.AST, classes: list[ast.AST], future: list[ast.stmt],
+          free: tuple[str, ...] = ()) -> ast.Module:
+    """Put the def back inside its classes (for ``__class__``/qualname) and
+    enclosing defs (binding its free variables), alone."""
     node = func
     for cls in reversed(classes):
+        if not isinstance(cls, ast.ClassDef):  # an enclosing def: bind what the closure uses
+            bind = [ast.Assign(targets=[ast.Name(id=v, ctx=ast.Store()) for v in free],
+                               value=ast.Constant(value=None))] if free else []
+            shell = ast.FunctionDef(name=cls.name, args=_copy(cls.args), body=bind + [node],
+                                    decorator_list=[], returns=None, type_comment=None,
+                                    **({"type_params": []} if hasattr(cls, "type_params") else {}))
+            ast.copy_location(shell, cls)
+            node = shell
+            continue
         shell = ast.ClassDef(name=cls.name, bases=[], keywords=[], body=[node],
                              decorator_list=[], **({"type_params": []} if hasattr(cls, "type_params") else {}))
         ast.copy_location(shell, cls)
@@ -275,7 +286,7 @@ def view_containers(fn: types.FunctionType, containers: Iterable[str],
     func = changer.visit(_copy(path[-1]))
     if changer.count == 0:
         return code, 0
-    wrapped = _nest(func, path[:-1], _future_imports(tree))
+    wrapped = _nest(func, path[:-1], _future_imports(tree), code.co_freevars)
     compiled = compile(ast.fix_missing_locations(wrapped), code.co_filename, "exec",
                        dont_inherit=True)
     new = _find_code(compiled, code)

@@ -11,7 +11,8 @@ from fxguard import patches
 TOUCHED = ("torch.fx._symbolic_trace", "torch.compiler", "torch.fx.traceback",
            "torch.fx.experimental.proxy_tensor", "torch.fx._lazy_graph_module", "torch._export.utils",
            "torch._higher_order_ops.utils", "torch._higher_order_ops.flex_attention",
-           "torch.nn.attention.flex_attention")
+           "torch.nn.attention.flex_attention", "torch.nn.modules.module", "torch._ops",
+           "torch.export._trace", "math")
 
 
 def snapshot():
@@ -26,7 +27,9 @@ def snapshot():
         "functions": [(f, f.__code__) for m in modules for f in functions_in(m)],
         "module_class": [type(m) for m in modules],
         "module_dicts": [{k: id(v) for k, v in vars(m).items()} for m in modules],
-        "class_attrs": (torch.fx._symbolic_trace.Tracer.__dict__["trace"],),
+        "class_attrs": (torch.fx._symbolic_trace.Tracer.__dict__["trace"],
+                        torch.fx._symbolic_trace.Tracer.__dict__["_qualname_counter"]),
+        "module_class_dict": {k: id(v) for k, v in vars(torch.nn.Module).items()},
         "config": (fconfig.force_non_lazy_backward_lowering,
                    fconfig._config["force_non_lazy_backward_lowering"].default),
     }
@@ -36,6 +39,7 @@ def test_uninstall_restores_identities_and_code():
     before = snapshot()
     if fxguard.install()["mode"] == "patched":
         assert "_is_fx_tracing_flag" not in vars(torch.fx._symbolic_trace)
+    torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Linear(2, 2)))  # patches, per thread
     fxguard.uninstall()
     after = snapshot()
     assert after == before

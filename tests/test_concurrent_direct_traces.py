@@ -173,8 +173,12 @@ def run_held(*targets):
         raise errors[0]
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@both_ways(always_races)
+@pytest.mark.parametrize("guard,kind", [
+    # Stock fails reliably only under symbolic_trace's tracer (make_fx's runs a
+    # foreign module's forward as is: it failed on 2.13, passed on 2.14.1).
+    pytest.param("off", "symbolic_trace", marks=pytest.mark.xfail(
+        strict=True, reason="stock torch races: the test must catch it")),
+    *[("on", kind) for kind in KINDS]], indirect=["guard"])
 def test_a_thread_that_only_calls_modules_keeps_stock_behaviour(guard, kind):
     """While A is inside its trace, B calls a module with a forward hook, the
     wrapped function and math.sqrt: real tensors, the hook fires, no proxies.
@@ -304,3 +308,15 @@ def test_stress_many_threads_trace_and_call(guard):
     if guard == "on":
         assert _core._tracing_records() == 0
         assert vars(math)["sqrt"] is math.sqrt and type(globals()["scaled"]) is not _core.Dispatch
+
+
+def test_status_rows_and_a_missing_patch_point_is_reported_not_refused(monkeypatch):
+    rows = {r["where"]: r["reason"] for r in fxguard.install()["patch_points"]}
+    assert rows["torch.fx._symbolic_trace._PatchedFnSetItem"] == "patched"
+    assert rows["torch.fx._symbolic_trace.CURRENT_PATCHER"] == "patched"
+    assert rows["torch.fx._symbolic_trace.Tracer._qualname_counter"] == "patched"
+    fxguard.uninstall()
+    monkeypatch.delattr(torch.fx._symbolic_trace, "_autowrap_check")
+    rows = {r["where"]: r["reason"] for r in fxguard.install()["patch_points"]}
+    assert rows["torch.fx._symbolic_trace._PatchedFnSetItem"] == "not available on this torch"
+    assert type(vars(torch.nn.Module)["__call__"]) is not _core.Dispatch

@@ -190,8 +190,12 @@ def _dispatch_from_now_on(container: object, name: str) -> Entry:
     original = _raw(container, name)
     d = _core.Dispatch(original, _callee(container, name, original),
                        method=isinstance(container, type))
+    # Readers take no lock: until the Dispatch is in place they must find the
+    # original in the container, so the entry is made before the patch...
+    key = (id(container), name)
+    _dispatchers[key] = Entry(container, d, d, None)
     patch = patches.apply_patch(LABEL, container, name, d)
-    entry = _dispatchers[(id(container), name)] = Entry(container, d, d, patch)
+    entry = _dispatchers[key] = Entry(container, d, d, patch)
     return entry
 
 
@@ -200,8 +204,8 @@ def _maybe_withdraw(entry: Entry, name: str) -> None:
     which looks at the container (dynamo, on math.* or a wrapped global)
     sees what stock torch shows when nobody traces."""
     if entry.patch is not None and entry.dispatch.overriding == 0:
+        patches.undo(entry.patch)  # ...and removed after the original is back
         del _dispatchers[(id(entry.container), name)]
-        patches.undo(entry.patch)
 
 
 def _callee(container: object, name: str, original: Any) -> Any:

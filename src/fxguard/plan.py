@@ -92,8 +92,11 @@ PATCHING: tuple[Patching, ...] = (
                    "_PatchedFnDel.patch", "_PatchedFnDel.revert",
                    "_PatchedFnSetAttr.patch", "_PatchedFnSetAttr.revert",
                    "_Patcher.patch", "_Patcher.patch_method", "_patch_wrapped_functions",
-                   "_autowrap_check", "_create_wrapped_method"),
-        containers=("frame_dict", "self.frame_dict", "cls"),
+                   "_autowrap_check", "_create_wrapped_method",
+                   # collects the ids of math.* to autowrap: must not see a Dispatch
+                   # another thread's trace put there
+                   "Tracer.__init__"),
+        containers=("frame_dict", "self.frame_dict", "cls", "m.__dict__"),
         # Every module call of every thread passes these: dispatch from install() on.
         up_front=("torch.nn.Module.__call__", "torch.nn.Module.__getattr__"),
         # Dynamo compares Module.__getattr__ by identity (inspect.getattr_static):

@@ -27,11 +27,21 @@ def stock_patches_put_back():
     """A stock run that fails leaves its trace's patches in place for good
     (nn.Module.__call__ stays the dead tracer's wrapper): put them back, so
     the next test starts from stock torch."""
+    import importlib
     import sys
+
+    from fxguard import plan
     st = torch.fx._symbolic_trace
     module_dict, math_dict, own = dict(vars(torch.nn.Module)), dict(vars(math)), dict(globals())
+    # Stock export's is_compiling flags, node meta, ...: interleaved save/restore
+    # leaves them set for good (race g); later tests must not inherit that.
+    globals_before = [(vars(importlib.import_module(r.module)), r.name,
+                       vars(importlib.import_module(r.module)).get(r.name)) for r in plan.PER_THREAD
+                      if r.name in vars(importlib.import_module(r.module))]
     yield
     fxguard.uninstall()
+    for namespace, name, value in globals_before:
+        namespace[name] = value
     for name in ("__call__", "__getattr__"):
         setattr(torch.nn.Module, name, module_dict[name])
     vars(math).update(math_dict)

@@ -41,7 +41,7 @@ def _worker(kind, compiled, start, deadline, errors, flags_at_end, counts):
     flags_at_end.append(torch.fx._symbolic_trace.is_fx_tracing())
 
 
-@both_ways()
+@both_ways(lambda: True)  # stock: overlapping direct traces race on every torch so far
 def test_mixed_threads_zero_errors_and_flag_false_everywhere(guard):
     compiled = torch.compile(lambda x: x * 2 + 1, backend="eager")
     compiled(torch.ones(3))

@@ -182,6 +182,7 @@ def test_functions_without_arguments_reject_arguments(name):
     ("_restore_function_version", (1, 2), TypeError),
     ("Reader", ("x",), TypeError),
     ("Reader", (99,), ValueError),
+    ("Dispatch", (), TypeError),
 ])
 def test_bad_arguments_to_the_other_functions(name, args, error):
     with pytest.raises(error):
@@ -192,7 +193,7 @@ def test_every_public_function_is_checked():
     callables = {n for n in dir(_core) if callable(getattr(_core, n)) and not n.startswith("__")}
     assert callables == set(NO_ARGUMENT_FUNCTIONS) | {
         "_configure", "fx_tracing", "SlotView", "RLock", "_await_thread_exits",
-        "_function_version", "_restore_function_version", "Reader"}
+        "_function_version", "_restore_function_version", "Reader", "Dispatch"}
 
 
 @pytest.mark.parametrize("args, kwargs, error", [

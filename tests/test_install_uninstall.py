@@ -11,7 +11,8 @@ from fxguard import patches
 TOUCHED = ("torch.fx._symbolic_trace", "torch.compiler", "torch.fx.traceback",
            "torch.fx.experimental.proxy_tensor", "torch.fx._lazy_graph_module", "torch._export.utils",
            "torch._higher_order_ops.utils", "torch._higher_order_ops.flex_attention",
-           "torch.nn.attention.flex_attention", "torch.autograd.function")
+           "torch.nn.attention.flex_attention", "torch.autograd.function", "torch.nn.modules.module",
+           "torch._ops", "torch.export._trace", "math")
 
 
 def snapshot():
@@ -28,9 +29,11 @@ def snapshot():
         "module_dicts": [{k: id(v) for k, v in vars(m).items()} for m in modules],
         "class_attrs": (torch.fx._symbolic_trace.Tracer.__dict__["trace"],
                         torch.autograd.function.BackwardCFunction.__dict__["apply"],
-                        torch.autograd.function.BackwardCFunction.__dict__["apply"].__code__),
+                        torch.autograd.function.BackwardCFunction.__dict__["apply"].__code__,
+                        torch.fx._symbolic_trace.Tracer.__dict__["_qualname_counter"]),
         "entry_classes": [(e, type(e)) for m in (importlib.import_module("torch._dynamo.config"),)
                           for e in m._config.values()],
+        "module_class_dict": {k: id(v) for k, v in vars(torch.nn.Module).items()},
         "config": (fconfig.force_non_lazy_backward_lowering,
                    fconfig._config["force_non_lazy_backward_lowering"].default),
     }
@@ -40,6 +43,7 @@ def test_uninstall_restores_identities_and_code():
     before = snapshot()
     if fxguard.install()["mode"] == "patched":
         assert "_is_fx_tracing_flag" not in vars(torch.fx._symbolic_trace)
+    torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Linear(2, 2)))  # patches, per thread
     fxguard.uninstall()
     after = snapshot()
     assert after == before

@@ -47,29 +47,50 @@ def resolve_path(path: str) -> tuple[object, str, object]:
 
 
 def apply_patch(label: str, owner: object, attr: str, value: Any) -> Patch:
-    """Set (or, with value MISSING, delete) ``owner.attr``, saving what was there."""
-    original = getattr(owner, attr, MISSING)
+    """Set (or, with value MISSING, delete) ``owner.attr``, saving what was there.
+    A dict owner (a module's globals) has the item ``attr`` changed instead."""
+    original = _get(owner, attr)
     version = None
     if attr == "__code__" and isinstance(owner, types.FunctionType):
         from . import _core
         version = (_core._function_version(owner), owner.__defaults__, owner.__kwdefaults__)
-    if value is MISSING:
-        delattr(owner, attr)
-    else:
-        setattr(owner, attr, value)
+    _put(owner, attr, value)
     patch = Patch(label, owner, attr, original, value, version)
     _applied.append(patch)
     return patch
 
 
 def revert(patch: Patch) -> None:
-    if patch.original is MISSING:
-        if patch.value is not MISSING:
-            delattr(patch.owner, patch.attr)
-    else:
-        setattr(patch.owner, patch.attr, patch.original)
-        if patch.version is not None:
+    if patch.original is not MISSING or patch.value is not MISSING:
+        _put(patch.owner, patch.attr, patch.original)
+        if patch.version is not None and patch.original is not MISSING:
             _restore_version(patch.owner, *patch.version)
+
+
+def _get(owner: object, attr: str) -> Any:
+    return owner.get(attr, MISSING) if isinstance(owner, dict) else getattr(owner, attr, MISSING)
+
+
+def _put(owner: object, attr: str, value: Any) -> None:
+    """owner.attr = value (owner[attr] for a dict); MISSING deletes."""
+    if isinstance(owner, dict):
+        if value is MISSING:
+            del owner[attr]
+        else:
+            owner[attr] = value
+    elif value is MISSING:
+        delattr(owner, attr)
+    else:
+        setattr(owner, attr, value)
+
+
+def undo(patch: Patch) -> None:
+    """Revert one patch now and forget it (it must be the latest on its attribute)."""
+    for i in range(len(_applied) - 1, -1, -1):
+        if _applied[i] is patch:  # by identity: comparing owners could call anything
+            del _applied[i]
+            revert(patch)
+            return
 
 
 def _restore_version(fn: types.FunctionType, version: int, defaults: Any, kwdefaults: Any) -> None:
@@ -98,7 +119,10 @@ def get_original(owner: object, attr: str) -> Any:
             if patch.original is MISSING:
                 raise AttributeError(f"{owner!r} had no attribute {attr!r} before fxguard set it")
             return patch.original
-    return getattr(owner, attr)
+    value = _get(owner, attr)
+    if value is MISSING:
+        raise AttributeError(f"{owner!r} has no attribute {attr!r}")
+    return value
 
 
 def is_object_patched(owner: object, attr: str | None = None) -> bool:
@@ -142,15 +166,24 @@ def wrapper_code(fn: types.FunctionType, body: str) -> types.CodeType:
     dynamo's skip rules treat it as the original did.
     """
     original = fn.__code__
-    if original.co_freevars:
-        raise TypeError(f"{fn.__qualname__} is a closure; its code cannot be swapped")
     params, call = _parameters(original)
     source = f"def {original.co_name}({params}):\n" + body.format(call=call)
+    if original.co_freevars:
+        # Same free variables (a method using super() has __class__), so that
+        # the code fits fn's closure: define them in an enclosing function and
+        # name each once in the body.
+        free = original.co_freevars
+        source = (f"def __fxguard_outer__():\n    {' = '.join(free)} = None\n" +
+                  "\n".join("    " + line for line in source.splitlines()).replace(
+                      "):\n", f"):\n        {', '.join(free)}\n", 1) +
+                  f"\n    return {original.co_name}\n")
     namespace: dict[str, Any] = {}
     exec(compile(source, original.co_filename, "exec"), namespace)
-    code = namespace[original.co_name].__code__
-    if code.co_freevars:
-        raise TypeError("wrapper body must not create a closure")
+    made = namespace["__fxguard_outer__"]() if original.co_freevars else namespace[original.co_name]
+    code = made.__code__
+    if code.co_freevars != original.co_freevars:
+        raise TypeError(f"{fn.__qualname__}: wrapper body must not change the closure "
+                        f"({code.co_freevars} vs {original.co_freevars})")
     changes = dict(co_firstlineno=original.co_firstlineno)
     if hasattr(original, "co_qualname"):
         changes["co_qualname"] = original.co_qualname

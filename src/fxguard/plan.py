@@ -10,13 +10,15 @@ in order and uninstall() undoes them in reverse.
 """
 from __future__ import annotations
 
+import collections
 import importlib
 import types
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import _core, patches, thread_overlay
+from . import _core, patches, per_thread_patch, thread_overlay
 from .per_thread import FastReader, NotCovered, PerThread, Planner
+from .per_thread_patch import ClassState, Patching
 
 FLAG = "_is_fx_tracing_flag"
 FLAG_MODULE = "torch.fx._symbolic_trace"
@@ -65,6 +67,62 @@ PER_THREAD: tuple[PerThread, ...] = (
     # Which GraphModule class a make_fx/symbolic_trace builds.
     PerThread("torch.fx._lazy_graph_module", "_use_lazy_graph_module_flag", False),
     PerThread("torch.fx._lazy_graph_module", "_force_skip_lazy_graph_module_flag", False),
+)
+
+
+
+# -- direct traces on several threads ---------------------------------------------
+
+PATCHER_MODULE = "torch.fx._symbolic_trace"
+
+PER_THREAD += (
+    # Tracer.trace's patcher stack: _new_patcher and dynamo's
+    # _maybe_revert_all_patches must see the calling thread's.
+    PerThread(PATCHER_MODULE, "CURRENT_PATCHER", None),
+    # make_fx(pre_dispatch=True) (non-strict export) keeps its infra modes
+    # here; two exports at once: "ProxyTorchDispatchMode slot already occupied".
+    PerThread("torch._ops", "_mode_stack_state_for_pre_dispatch",
+              factory=lambda: importlib.import_module("torch._ops")._ModeStackStateForPreDispatch()),
+    # export(): set on entry, cleared on exit ("_EXPORT_MODULE_HIERARCHY must
+    # not be None" in the thread whose export is still running).
+    PerThread("torch.export._trace", "_EXPORT_FLAGS", None),
+    PerThread("torch.export._trace", "_EXPORT_MODULE_HIERARCHY", None),
+    # Filled by one non-strict export's make_fx, read back by the same export.
+    PerThread("torch.fx.experimental.proxy_tensor", "_FAKE_TENSOR_ID_TO_PROXY_MAP_FOR_EXPORT",
+              factory=dict, aliases=("torch.export._trace",)),
+)
+
+# Tracer.trace patches nn.Module.__call__/__getattr__, torch.fx.wrap'ped module
+# globals and autowrapped functions (math.sqrt in the traced code's globals)
+# through these functions; made per thread, a trace patches its own thread only.
+PATCHING: tuple[Patching, ...] = (
+    Patching(
+        PATCHER_MODULE,
+        functions=("_PatchedFnSetItem.patch", "_PatchedFnSetItem.revert",
+                   "_PatchedFnDel.patch", "_PatchedFnDel.revert",
+                   "_PatchedFnSetAttr.patch", "_PatchedFnSetAttr.revert",
+                   "_Patcher.patch", "_Patcher.patch_method", "_patch_wrapped_functions",
+                   "_autowrap_check", "_create_wrapped_method",
+                   # collects the ids of math.* to autowrap: must not see a Dispatch
+                   # another thread's trace put there
+                   "Tracer.__init__"),
+        containers=("frame_dict", "self.frame_dict", "cls", "m.__dict__"),
+        # Every module call of every thread passes these: dispatch from install() on.
+        up_front=("torch.nn.Module.__call__", "torch.nn.Module.__getattr__"),
+        # Dynamo compares Module.__getattr__ by identity (inspect.getattr_static):
+        # a descriptor there makes every compiled submodule access unsupported.
+        # Tracer.trace calls the real one through _orig_module_getattr.
+        keep_identity=(("torch.nn.Module.__getattr__",
+                        (f"{PATCHER_MODULE}._orig_module_getattr",)),),
+    ),
+)
+
+
+# Tracer._qualname_counter is one class-level dict for every tracer: names
+# like _param_constant1 depend on what other threads' traces did meanwhile.
+CLASS_STATE: tuple[ClassState, ...] = (
+    ClassState(f"{PATCHER_MODULE}.Tracer._qualname_counter",
+               factory=lambda: collections.defaultdict(int)),
 )
 
 
@@ -241,6 +299,12 @@ def prepare(layout: str, options: dict[str, bool]) -> Prepared:
             reason = f"not covered: {e}"
         rows.append(_row("FX-tracing flag" if row.flag else what, row.where, reason))
     changes = planner.changes("per-thread")
+    for spec in PATCHING:
+        rows.append(_row("per-thread patching", spec.where, _patching(spec, changes)))
+    for state in CLASS_STATE:
+        more, reason = per_thread_patch.plan_class_state(state)
+        changes += more
+        rows.append(_row("per-thread class state", state.where, reason))
     helpers: dict[str, types.ModuleType] = {}
     for wrap in WRAPPED:
         reason = _wrap(wrap, options, planner, helpers, changes)
@@ -307,6 +371,15 @@ def _overlays(wrap: Wrapped) -> list | None:
         return None
     return [(wrap.what, entries[name], "__class__", thread_overlay.overlaid(entries[name], "user_override"))
             for name in names]
+
+
+def _patching(spec: Patching, changes: list) -> str:
+    try:
+        more, reason = per_thread_patch.plan(spec)
+    except NotCovered as e:
+        return f"not covered: {e}"
+    changes += more
+    return reason
 
 
 def _config_default(cfg: ConfigDefault, options: dict, changes: list) -> str:

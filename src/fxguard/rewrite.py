@@ -42,7 +42,7 @@ def redirect(fn: types.FunctionType, names: Iterable[str], via: str,
     func = changer.visit(_copy(path[-1]))
     if changer.count == 0:
         return code, 0
-    wrapped = _nest(func, path[:-1], _future_imports(tree))
+    wrapped = _nest(func, path[:-1], _future_imports(tree), code.co_freevars)
     compiled = compile(ast.fix_missing_locations(wrapped), code.co_filename, "exec",
                        dont_inherit=True)
     new = _find_code(compiled, code)
@@ -108,8 +108,8 @@ def _find_def(tree: ast.Module, code: types.CodeType) -> list[ast.AST]:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 if node.name == code.co_name and _first_line(node) == code.co_firstlineno:
                     return path + [node]
-            if isinstance(node, ast.ClassDef):
-                found = search(node.body, path + [node])
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                found = search(node.body, path + [node])  # methods; closures made by a def
                 if found:
                     return found
             for field in ("body", "orelse", "finalbody", "handlers"):  # defs under if/try
@@ -135,10 +135,21 @@ def _future_imports(tree: ast.Module) -> list[ast.stmt]:
     return [n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "__future__"]
 
 
-def _nest(func: ast.AST, classes: list[ast.AST], future: list[ast.stmt]) -> ast.Module:
-    """Put the def back inside its classes (for ``__class__``/qualname), alone."""
+def _nest(func: ast.AST, classes: list[ast.AST], future: list[ast.stmt],
+          free: tuple[str, ...] = ()) -> ast.Module:
+    """Put the def back inside its classes (for ``__class__``/qualname) and
+    enclosing defs (binding its free variables), alone."""
     node = func
     for cls in reversed(classes):
+        if not isinstance(cls, ast.ClassDef):  # an enclosing def: bind what the closure uses
+            bind = [ast.Assign(targets=[ast.Name(id=v, ctx=ast.Store()) for v in free],
+                               value=ast.Constant(value=None))] if free else []
+            shell = ast.FunctionDef(name=cls.name, args=_copy(cls.args), body=bind + [node],
+                                    decorator_list=[], returns=None, type_comment=None,
+                                    **({"type_params": []} if hasattr(cls, "type_params") else {}))
+            ast.copy_location(shell, cls)
+            node = shell
+            continue
         shell = ast.ClassDef(name=cls.name, bases=[], keywords=[], body=[node],
                              decorator_list=[], **({"type_params": []} if hasattr(cls, "type_params") else {}))
         ast.copy_location(shell, cls)
@@ -255,3 +266,66 @@ def _bound_names(scope: ast.AST, args: ast.arguments | None) -> set[str]:
         elif isinstance(node, ast.ExceptHandler) and node.name:
             bound.add(node.name)
     return bound
+
+
+# -- container operations through a view ---------------------------------------
+
+def view_containers(fn: types.FunctionType, containers: Iterable[str],
+                    via: str) -> tuple[types.CodeType, int]:
+    """New code for ``fn`` in which every item, membership and attribute
+    operation on one of ``containers`` (source text: ``"frame_dict"``,
+    ``"self.frame_dict"``) goes through ``via(container)`` instead:
+    ``d[k] = v``, ``k in d``, ``d.items()``, ``getattr(d, k)``,
+    ``setattr(d, k, v)``.  Passing the container on (``f(d)``) is left alone.
+    Returns (code, how many operations changed).  Raises RewriteError.
+    """
+    code = fn.__code__
+    tree = _module_ast(code.co_filename)
+    path = _find_def(tree, code)
+    changer = _ViewContainers(set(containers), via)
+    func = changer.visit(_copy(path[-1]))
+    if changer.count == 0:
+        return code, 0
+    wrapped = _nest(func, path[:-1], _future_imports(tree), code.co_freevars)
+    compiled = compile(ast.fix_missing_locations(wrapped), code.co_filename, "exec",
+                       dont_inherit=True)
+    new = _find_code(compiled, code)
+    if new.co_freevars != code.co_freevars:
+        raise RewriteError(f"{code.co_name}: free variables differ")
+    return new, changer.count
+
+
+class _ViewContainers(ast.NodeTransformer):
+    ATTRIBUTE_FUNCTIONS = {"getattr", "setattr", "delattr", "hasattr"}
+
+    def __init__(self, containers: set[str], via: str):
+        self.containers, self.via, self.count = containers, via, 0
+
+    def _view(self, node: ast.expr) -> ast.expr:
+        if ast.unparse(node) not in self.containers:
+            return node
+        self.count += 1
+        call = ast.Call(func=ast.Name(id=self.via, ctx=ast.Load()), args=[node], keywords=[])
+        return ast.copy_location(call, node)
+
+    def visit_Subscript(self, node: ast.Subscript) -> ast.AST:
+        self.generic_visit(node)
+        node.value = self._view(node.value)
+        return node
+
+    def visit_Compare(self, node: ast.Compare) -> ast.AST:
+        self.generic_visit(node)
+        node.comparators = [self._view(c) if isinstance(op, (ast.In, ast.NotIn)) else c
+                            for op, c in zip(node.ops, node.comparators)]
+        return node
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+        self.generic_visit(node)
+        node.value = self._view(node.value)
+        return node
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        if isinstance(node.func, ast.Name) and node.func.id in self.ATTRIBUTE_FUNCTIONS and node.args:
+            node.args[0] = self._view(node.args[0])
+        return node

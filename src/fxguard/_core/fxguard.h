@@ -88,6 +88,7 @@ typedef struct {
     PyTypeObject *fx_tracing_type;
     PyTypeObject *rlock_type;
     PyTypeObject *reader_type;
+    PyTypeObject *dispatch_type;
     PyObject *rlock_registry;  /* capsule: the live RLocks, reset after fork (rlock.c) */
 } fxg_state;
 
@@ -161,6 +162,9 @@ int fxg_reader_module_exec(PyObject *module); /* its functions and constants; 0 
 
 /* fx_tracing.c */
 extern PyType_Spec fxg_fx_tracing_spec;
+
+/* dispatch.c */
+extern PyType_Spec fxg_dispatch_spec;
 
 /* rlock.c */
 extern PyType_Spec fxg_rlock_spec;

@@ -353,7 +353,8 @@ core_exec(PyObject *module)
         add_type(module, &fxg_rlock_spec, &st->rlock_type, "RLock") < 0 ||
         fxg_rlock_type_exec(module, st->rlock_type) < 0 ||
         add_type(module, &fxg_reader_spec, &st->reader_type, "Reader") < 0 ||
-        fxg_reader_module_exec(module) < 0) {
+        fxg_reader_module_exec(module) < 0 ||
+        add_type(module, &fxg_dispatch_spec, &st->dispatch_type, "Dispatch") < 0) {
         return -1;
     }
     /* The one process-wide lock around block-mask creation (meant to be shared). */
@@ -385,6 +386,7 @@ core_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->fx_tracing_type);
     Py_VISIT(st->rlock_type);
     Py_VISIT(st->reader_type);
+    Py_VISIT(st->dispatch_type);
     Py_VISIT(st->rlock_registry);
     return 0;
 }
@@ -405,6 +407,7 @@ core_clear(PyObject *module)
     Py_CLEAR(st->fx_tracing_type);
     Py_CLEAR(st->rlock_type);
     Py_CLEAR(st->reader_type);
+    Py_CLEAR(st->dispatch_type);
     Py_CLEAR(st->rlock_registry);
     return 0;
 }

@@ -120,6 +120,26 @@ def test_what_a_node_sets_on_the_worker_stays_in_that_node(installed):
     assert limits_seen_on_a_worker("next", callers["next"]) == {12}  # not left in the worker
 
 
+def test_a_thread_started_before_install_is_carried_too():
+    """The record is published at backward(), not at start(): a thread that
+    was already running when install() came gets its config carried as well."""
+    Deep.seen = {}
+    installed_now, caller = threading.Event(), []
+
+    def body():
+        caller.append(threading.get_ident())
+        dyn.recompile_limit = 27
+        installed_now.wait(30)
+        deep_backward("early")
+
+    t = threading.Thread(target=body, daemon=True)
+    t.start()
+    fxguard.install()
+    installed_now.set()
+    t.join(60)
+    assert limits_seen_on_a_worker("early", caller[0]) == {27}
+
+
 def test_python_threads_answer_none(installed):
     out = []
     run_together(lambda: out.append(_core._carried_context()))

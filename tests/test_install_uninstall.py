@@ -11,7 +11,7 @@ from fxguard import patches
 TOUCHED = ("torch.fx._symbolic_trace", "torch.compiler", "torch.fx.traceback",
            "torch.fx.experimental.proxy_tensor", "torch.fx._lazy_graph_module", "torch._export.utils",
            "torch._higher_order_ops.utils", "torch._higher_order_ops.flex_attention",
-           "torch.nn.attention.flex_attention", "torch.autograd.function", "torch.nn.modules.module",
+           "torch.nn.attention.flex_attention", "torch.autograd.function", "torch.autograd.graph", "torch.nn.modules.module",
            "torch._ops", "torch.export._trace", "math")
 
 

@@ -63,13 +63,15 @@ def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
         if value not in (True, False):  # 0 and 1 pass; "no" must not read as True
             raise TypeError(f"install(): {name} must be True or False, not {value!r}")
     chosen = {name: bool(value) for name, value in chosen.items()}
+    # install() is where torch gets imported, outside the lock: with FXGUARD=1 the
+    # start-up hook installs as torch finishes importing, in this very thread.
+    import torch  # noqa: F401
+    from torch.fx import _symbolic_trace
     with _lock:
         if _installed is not None:
             if _installed["options"] == chosen:
                 return status()
             _uninstall_locked()
-        import torch  # noqa: F401  (install() is where torch gets imported)
-        from torch.fx import _symbolic_trace
 
         from . import plan
         layout = plan.detect_layout(_symbolic_trace)
@@ -78,12 +80,11 @@ def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
             for change in prepared.changes:
                 patches.apply_patch(*change)
             workers = _configure_core(layout, prepared.defaults, carry_context=any(
-                row["what"] == "config in autograd workers" and row["patched"]
+                row["what"] == "record before backward" and row["patched"]
                 for row in prepared.rows))
             for module, name, value in prepared.initial:  # this thread keeps what it had
                 setattr(vars(module)["__fxguard_tls__"], name, value)
-            _core._enter_thread()  # this thread's record, for autograd workers
-            if "not carried" not in workers:
+            if workers.startswith("per-thread state carried"):  # records go to torch TLS
                 _wait_for_exiting_threads_at_exit()
         except BaseException:
             patches.revert_all()

@@ -39,8 +39,9 @@ thread submits that task.  To choose explicitly::
 
 Autograd workers: a device's worker thread (and the pool that takes over
 reentrant backward deeper than 60) runs backward nodes for every thread, in
-its own empty context.  A thread's record (which torch carries into the
-worker with the graph task) notes the thread's Context; the worker runs each
+its own empty context.  A thread's record, published when it starts a
+backward and carried by torch into the worker with the graph task, notes the
+thread's Context; the worker runs each
 Python backward node (``BackwardCFunction.apply``: custom Functions, compiled
 graphs' backward and its lazy compile) with that thread's torch config
 overrides, as they are when the node runs, in a copy of its own context.
@@ -55,7 +56,7 @@ import types
 import warnings
 from typing import Any, Callable
 
-from . import _core, patches
+from . import patches
 
 OPTION = "config_follows_thread"
 WHAT = "config follows thread"
@@ -275,7 +276,6 @@ def enter_thread(thread: threading.Thread) -> None:
             for var, value in parent.items():
                 if var in known and value is not unset:
                     var.set(_own(value) if isinstance(value, copied) else value)
-        _core._enter_thread()  # its record, carried into autograd workers by its backward
     except Exception as e:  # noqa: BLE001
         warnings.warn(f"fxguard: thread {thread.name} starts without its starter's torch config: {e!r}",
                       RuntimeWarning, stacklevel=1)

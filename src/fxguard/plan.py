@@ -169,6 +169,16 @@ WORKER_CONFIG = """\
 """
 
 
+# A thread's record is published (with its Context noted) when it starts a
+# backward, so that graph task carries it into autograd workers: also for
+# threads started before install(), and at no cost to Thread.start().
+PUBLISH_BEFORE_BACKWARD = """\
+    if not __fxguard__.is_dynamo_compiling():
+        __fxguard__.publish_record()
+    return __fxguard__.inner({call})
+"""
+
+
 @dataclass(frozen=True)
 class Wrapped:
     what: str
@@ -229,6 +239,10 @@ WRAPPED: tuple[Wrapped, ...] = (
             (("is_dynamo_compiling", _is_dynamo_compiling),
              ("carried_context", lambda: _core._carried_context),
              ("run_with_config_of", _run_with_config_of)), option="config_follows_thread"),
+    Wrapped("record before backward", "torch.autograd.graph._engine_run_backward",
+            PUBLISH_BEFORE_BACKWARD, _config_needs_carrying,
+            (("is_dynamo_compiling", _is_dynamo_compiling),
+             ("publish_record", lambda: _core._publish_record)), option="config_follows_thread"),
 )
 
 CONFIG_DEFAULTS: tuple[ConfigDefault, ...] = (

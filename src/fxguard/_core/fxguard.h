@@ -121,8 +121,6 @@ fxg_current_record(fxg_state *st)
 /* The record reads and writes on this thread go to, as a new reference;
  * created on first use.  NULL with an error set on failure. */
 fxg_record *fxg_record_for(fxg_state *st);
-/* The same, in a thread that Thread._bootstrap is starting. */
-fxg_record *fxg_record_for_new_thread(fxg_state *st);
 int fxg_thread_is_tracing(fxg_state *st);           /* 1, 0, or -1 with error */
 int fxg_thread_is_symbolic_tracing(fxg_state *st);  /* 1, 0, or -1 with error */
 /* Set the flag of the calling thread's record; returns that record (new

@@ -118,23 +118,22 @@ carried_context(PyObject *module, PyObject *Py_UNUSED(ignored))
     return fxg_carried_context(state_of(module));
 }
 
-/* First thing in a thread started after install(): make its record now, so a
- * backward it starts carries it (and its Context) into autograd workers. */
+/* Before a thread's backward (torch.autograd's _engine_run_backward): its
+ * record, published to torch's thread-local objects with its Context noted,
+ * so the graph task carries both into autograd workers.  A pointer compare
+ * and a flag test once the thread has one. */
 static PyObject *
-enter_thread(PyObject *module, PyObject *Py_UNUSED(ignored))
+publish_record(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
-    PyObject *copy = PyContext_CopyCurrent(); /* creates the thread's Context if it has none */
-    if (copy == NULL) {
-        return NULL;
+    if (PyThreadState_Get()->context == NULL) {
+        PyObject *copy = PyContext_CopyCurrent(); /* creates the thread's Context */
+        if (copy == NULL) {
+            return NULL;
+        }
+        Py_DECREF(copy);
     }
-    Py_DECREF(copy);
-    fxg_state *st = state_of(module);
-    fxg_record *rec = fxg_record_for_new_thread(st);
+    fxg_record *rec = fxg_record_for(state_of(module));
     if (rec == NULL) {
-        return NULL;
-    }
-    Py_DECREF(rec);
-    if ((rec = fxg_record_for(st)) == NULL) {
         return NULL;
     }
     Py_DECREF(rec);
@@ -285,9 +284,10 @@ static PyMethodDef core_methods[] = {
      "_carried_context($module, /)\n--\n\n"
      "On an autograd worker running another thread's graph task: that thread's\n"
      "contextvars.Context (torch config lives there); None elsewhere."},
-    {"_enter_thread", enter_thread, METH_NOARGS,
-     "_enter_thread($module, /)\n--\n\n"
-     "Make the calling thread's record (and note its Context) now."},
+    {"_publish_record", publish_record, METH_NOARGS,
+     "_publish_record($module, /)\n--\n\n"
+     "Before a backward: the calling thread's record, published for autograd\n"
+     "workers, with its Context noted."},
     {"_await_thread_exits", await_thread_exits, METH_O,
      "_await_thread_exits($module, timeout, /)\n--\n\n"
      "At exit: wait until threads that ended have let go of their\n"

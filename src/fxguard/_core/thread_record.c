@@ -291,16 +291,16 @@ publish(fxg_state *st, fxg_record *rec)
     return 0;
 }
 
-/* python_thread: 1 or 0 if the caller knows, -1 to find out. */
 static fxg_record *
-new_own_record(fxg_state *st, int python_thread)
+new_own_record(fxg_state *st)
 {
     PyObject *tsdict = PyThreadState_GetDict();
     if (tsdict == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "fxguard: no thread state dict");
         return NULL;
     }
-    if (python_thread < 0 && (python_thread = started_by_python(st)) < 0) {
+    int python_thread = started_by_python(st);
+    if (python_thread < 0) {
         return NULL;
     }
     fxg_record *rec = PyObject_GC_New(fxg_record, st->record_type);
@@ -378,7 +378,7 @@ fxg_record_for(fxg_state *st)
         else if (own != NULL) {
             Py_INCREF(own);
         }
-        else if ((own = new_own_record(st, -1)) == NULL) {
+        else if ((own = new_own_record(st)) == NULL) {
             return NULL;
         }
         else if (!own->worker) {
@@ -391,22 +391,6 @@ fxg_record_for(fxg_state *st)
         return NULL;
     }
     return own;
-}
-
-fxg_record *
-fxg_record_for_new_thread(fxg_state *st)
-{
-    /* threading.Thread._bootstrap runs this before the thread is in
-     * threading._active, where started_by_python() looks. */
-    fxg_record *own = own_record(st);
-    if (own == NULL && PyErr_Occurred()) {
-        return NULL;
-    }
-    if (own == NULL) {
-        return new_own_record(st, 1); /* already a new reference */
-    }
-    Py_INCREF(own);
-    return own; /* fxg_record_for() publishes it and notes the Context */
 }
 
 PyObject *

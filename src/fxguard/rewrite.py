@@ -35,21 +35,7 @@ def redirect(fn: types.FunctionType, names: Iterable[str], via: str,
     ``attributes``: dotted expressions (``"pkg.mod.name"``) to serve as
     ``<via>.<name>`` too (writers in other modules).  Raises RewriteError.
     """
-    code = fn.__code__
-    tree = _module_ast(code.co_filename)
-    path = _find_def(tree, code)
-    changer = _Redirect(set(names), via, attributes or {})
-    func = changer.visit(_copy(path[-1]))
-    if changer.count == 0:
-        return code, 0
-    wrapped = _nest(func, path[:-1], _future_imports(tree), code.co_freevars)
-    compiled = compile(ast.fix_missing_locations(wrapped), code.co_filename, "exec",
-                       dont_inherit=True)
-    new = _find_code(compiled, code)
-    if new.co_freevars != code.co_freevars:
-        raise RewriteError(f"{code.co_qualname if hasattr(code, 'co_qualname') else code.co_name}: "
-                           f"free variables differ ({new.co_freevars} vs {code.co_freevars})")
-    return new, changer.count
+    return _recompiled(fn.__code__, lambda: _Redirect(set(names), via, attributes or {}))
 
 
 def uses_in_defs(filename: str, name: str) -> list[int]:
@@ -279,20 +265,7 @@ def view_containers(fn: types.FunctionType, containers: Iterable[str],
     ``setattr(d, k, v)``.  Passing the container on (``f(d)``) is left alone.
     Returns (code, how many operations changed).  Raises RewriteError.
     """
-    code = fn.__code__
-    tree = _module_ast(code.co_filename)
-    path = _find_def(tree, code)
-    changer = _ViewContainers(set(containers), via)
-    func = changer.visit(_copy(path[-1]))
-    if changer.count == 0:
-        return code, 0
-    wrapped = _nest(func, path[:-1], _future_imports(tree), code.co_freevars)
-    compiled = compile(ast.fix_missing_locations(wrapped), code.co_filename, "exec",
-                       dont_inherit=True)
-    new = _find_code(compiled, code)
-    if new.co_freevars != code.co_freevars:
-        raise RewriteError(f"{code.co_name}: free variables differ")
-    return new, changer.count
+    return _recompiled(fn.__code__, lambda: _ViewContainers(set(containers), via))
 
 
 class _ViewContainers(ast.NodeTransformer):
@@ -329,3 +302,22 @@ class _ViewContainers(ast.NodeTransformer):
         if isinstance(node.func, ast.Name) and node.func.id in self.ATTRIBUTE_FUNCTIONS and node.args:
             node.args[0] = self._view(node.args[0])
         return node
+
+
+def _recompiled(code: types.CodeType, make_changer) -> tuple[types.CodeType, int]:
+    """code's def, from its module's source, run through a fresh NodeTransformer
+    that counts its changes (``.count``), compiled where and as code was."""
+    tree = _module_ast(code.co_filename)
+    path = _find_def(tree, code)
+    changer = make_changer()
+    func = changer.visit(_copy(path[-1]))
+    if changer.count == 0:
+        return code, 0
+    wrapped = _nest(func, path[:-1], _future_imports(tree), code.co_freevars)
+    compiled = compile(ast.fix_missing_locations(wrapped), code.co_filename, "exec",
+                       dont_inherit=True)
+    new = _find_code(compiled, code)
+    if new.co_freevars != code.co_freevars:
+        raise RewriteError(f"{getattr(code, 'co_qualname', code.co_name)}: "
+                           f"free variables differ ({new.co_freevars} vs {code.co_freevars})")
+    return new, changer.count

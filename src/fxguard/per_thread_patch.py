@@ -149,11 +149,22 @@ def _entry(container: object, name: str) -> Entry | None:
 
 def _thread_value(container: object, name: str) -> Any:
     entry = _entry(container, name)
-    if entry is None:
-        if isinstance(container, dict):
-            return container.get(name, MISSING)
-        return getattr(container, name, MISSING)
-    d = entry.dispatch
+    if entry is not None:
+        return _resolve(entry.dispatch, container)
+    if isinstance(container, dict):
+        value = container.get(name, MISSING)
+    else:
+        value = getattr(container, name, MISSING)
+    if isinstance(value, _core.Dispatch):
+        # Read while another thread withdrew one Dispatch and placed the next
+        # (the entry we looked up was the old one): the one found answers.
+        return _resolve(value, container)
+    return value
+
+
+def _resolve(d: Any, container: object) -> Any:
+    """What ``d`` holds for the calling thread, never a Dispatch: a patcher
+    that saved one and wrote it back would make it dispatch to itself."""
     value = d.override(_NONE)
     if value is _NONE:
         value = d.original
@@ -166,6 +177,8 @@ _NONE = object()  # "this thread has no override"
 
 
 def _set(container: object, name: str, value: Any) -> None:
+    if isinstance(value, _core.Dispatch):
+        value = _resolve(value, container)  # one read in a race: what it stood for
     with _changing:
         entry = _entry(container, name) or _dispatch_from_now_on(container, name)
         d = entry.dispatch

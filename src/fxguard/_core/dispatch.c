@@ -183,6 +183,10 @@ dispatch_override(PyObject *self, PyObject *default_value)
 static PyObject *
 dispatch_set(PyObject *self, PyObject *value)
 {
+    if (value == self) { /* every call and attribute read would loop forever */
+        PyErr_SetString(PyExc_ValueError, "Dispatch.set: a Dispatch cannot run itself");
+        return NULL;
+    }
     PyObject *key = thread_key();
     if (key == NULL) {
         return NULL;
@@ -254,7 +258,12 @@ dispatch_getattro(PyObject *self, PyObject *name)
     if (target == NULL) {
         return NULL;
     }
-    PyObject *value = PyObject_GetAttr(target, name);
+    /* Dispatches that run each other must end in RecursionError, not a crash. */
+    PyObject *value = NULL;
+    if (Py_EnterRecursiveCall(" reading an attribute through a Dispatch") == 0) {
+        value = PyObject_GetAttr(target, name);
+        Py_LeaveRecursiveCall();
+    }
     Py_DECREF(target);
     return value;
 }

@@ -27,7 +27,7 @@ def clean_torch():
     import sys
     if "torch" in sys.modules:
         from fxguard import races
-        races.reset_stock_flag()
+        races.reset_stock_leftovers()
 
 
 @pytest.fixture

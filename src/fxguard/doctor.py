@@ -29,7 +29,7 @@ def run_races() -> list[dict]:
     for race in races.RACES:
         kwargs = {"compiled": compiled} if race is races.trace_vs_compiled_call else {}
         off = race(**kwargs)
-        races.reset_stock_flag()
+        races.reset_stock_leftovers()
         rows.append({"race": off.name, "doc": race.__doc__.strip().splitlines()[0],
                      "affected": off.raced, "stock": off.detail})
     fxguard.install()

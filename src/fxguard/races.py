@@ -161,12 +161,26 @@ def compile_vs_is_compiling() -> RaceResult:
     return RaceResult("compile-vs-is-compiling", seen[0], detail)
 
 
-def reset_stock_flag() -> None:
-    """Undo what a stock race left behind (only meaningful without fxguard)."""
+def reset_stock_leftovers() -> None:
+    """Undo what a stock race left behind (only meaningful without fxguard).
+
+    Overlapping stock traces can end with the flag stuck True, a dead
+    ``CURRENT_PATCHER`` (then later races raise no AssertionError: they pass
+    silently) and nn.Module's methods still patched by a finished Tracer.
+    """
+    import torch
     import torch.fx._symbolic_trace as st
 
-    if "_is_fx_tracing_flag" in vars(st):
-        vars(st)["_is_fx_tracing_flag"] = False
+    names = vars(st)
+    if "_is_fx_tracing_flag" in names:
+        names["_is_fx_tracing_flag"] = False
+    if "CURRENT_PATCHER" in names:
+        names["CURRENT_PATCHER"] = None
+    for attr, original in (("__call__", names.get("_orig_module_call")),
+                           ("__getattr__", names.get("_orig_module_getattr"))):
+        current = vars(torch.nn.Module).get(attr)
+        if current is not original and getattr(current, "__wrapped__", None) is original:
+            setattr(torch.nn.Module, attr, original)  # a Tracer's functools.wraps wrapper
 
 
 RACES = (trace_vs_compiled_call, trace_vs_compilation_env, compile_vs_is_compiling)

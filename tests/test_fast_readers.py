@@ -96,6 +96,44 @@ def test_swapping_code_while_attached_runs_the_new_code(one_slot):
     reader.function = None
 
 
+def function_calling_first(reader, namespace):
+    """def f(): note(); return 'code', in namespace, carrying the Reader."""
+    exec("def f():\n    note()\n    return 'code'\n", namespace)
+    f = namespace["f"]
+    f.__code__ = f.__code__.replace(co_consts=f.__code__.co_consts + (reader,))
+    return f
+
+
+@vectorcall_only
+def test_a_served_call_calls_first_as_the_code_would(one_slot):
+    calls = []
+    namespace = {"note": lambda: calls.append("note")}
+    reader = _core.Reader(_core.READ_VALUE, 0, first="note")
+    f = function_calling_first(reader, namespace)
+    reader.function = f
+    assert f() == "reader" and calls == ["note"]
+    namespace["note"] = lambda: calls.append("rebound")  # looked up per call, as code does
+    assert f() == "reader" and calls == ["note", "rebound"]
+
+    def boom():
+        raise LookupError("from first")
+    namespace["note"] = boom
+    with pytest.raises(LookupError, match="from first"):
+        f()
+    del namespace["note"]
+    with pytest.raises(NameError, match="note"):
+        f()
+    reader.function = None
+    with pytest.raises(NameError, match="note"):
+        f()  # the code says the same
+
+
+def test_first_must_be_a_name():
+    with pytest.raises(TypeError, match="first"):
+        _core.Reader(_core.READ_VALUE, 0, first=print)
+    assert "first" in inspect.signature(_core.Reader).parameters
+
+
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="no function versions before 3.11")
 def test_reverting_a_code_patch_restores_the_function_version():
     namespace = {}
@@ -155,6 +193,26 @@ def test_fast_readers_agree_with_their_code(installed):
         assert fn() == by_code(), fn.__name__
         with fxguard.fx_tracing(), fx_traceback.preserve_node_meta():
             assert fn() == by_code(), fn.__name__
+
+
+def test_every_fast_reader_of_this_torch_is_served_or_left_on_purpose(installed):
+    """A torch release that changes a reader's body shows up here first: the
+    reader then runs its rewritten code (correct, slower)."""
+    rows = [r for r in fxguard.status()["patch_points"] if r["what"] == "fast reader"]
+    assert rows, "no fast reader applies to this torch"
+    assert not [r for r in rows if r["reason"].startswith("not covered")], rows
+
+
+def test_is_fx_tracing_still_calls_its_warning_on_every_call(installed, monkeypatch):
+    """Stock is_fx_tracing() calls is_fx_tracing_warning() (lru-cached: it logs
+    once) every time; served from C it still does, and finds it by name."""
+    from torch.fx import _symbolic_trace
+    calls = []
+    monkeypatch.setattr(_symbolic_trace, "is_fx_tracing_warning", lambda: calls.append(1))
+    assert _symbolic_trace.is_fx_tracing() is False
+    with fxguard.fx_tracing():
+        assert _symbolic_trace.is_fx_tracing() is True
+    assert calls == [1, 1]
 
 
 def test_fast_readers_fold_under_fullgraph(installed):

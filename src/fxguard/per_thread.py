@@ -19,7 +19,9 @@ return the global (or, kind ``"symbolic"``, the FX flag and not
 ``is_compiling()``).  Their calls are answered by a ``_core.Reader`` in C,
 with no Python frame: through the function's vectorcall pointer where the
 interpreter honours it (``_core.VECTORCALL_READERS``), else from code that
-calls ``Reader.read``.
+calls ``Reader.read``.  Only a function whose source body is the one the row
+states is served; any other keeps its rewritten code (correct, slower), and
+``Planner.reader_rows`` says which.
 
 A row whose global is missing is reported ``not available on this torch``;
 one whose module source has a use that no rewritten function covers is
@@ -47,6 +49,13 @@ class FastReader:
     kind: str = "value"      # "value": the global; "symbolic": FX flag and not is_compiling()
     code_route: bool = True  # False: not where code must call Reader.read (3.11), as for a
                              # function dynamo inlines (it cannot trace Reader.read)
+    body: str = "return {name}"  # its source body (ast.unparse, "; " between statements,
+                                 # docstring dropped), {name}: the row's global
+    first: str | None = None     # a global of the module the body calls before answering
+
+    def matches(self, fn: types.FunctionType, name: str) -> bool:
+        """Whether fn's source body is the one this reader answers for."""
+        return _body_of(fn) == self.body.format(name=name)
 
     @property
     def served(self) -> bool:
@@ -112,7 +121,8 @@ class Planner:
         self.targets: dict[int, tuple[types.FunctionType, set, dict]] = {}  # fn, names, attributes
         self.getattrs: dict[str, dict[str, int]] = {}  # owning module -> {name: slot}
         self.deletes: list[tuple[types.ModuleType, str]] = []
-        self.readers: dict[int, tuple[types.FunctionType, Any]] = {}  # fn -> (fn, Reader)
+        self.readers: dict[int, tuple[types.FunctionType, tuple[FastReader, Any]]] = {}
+        self.reader_rows: list[tuple[str, str]] = []  # ('module.function', status reason)
 
     def add(self, row: PerThread) -> str:
         """Plan one row; returns its status reason.  Raises NotCovered, and
@@ -146,8 +156,17 @@ class Planner:
         self.deletes.append((owner, row.name))
         for reader in row.readers:
             fn = vars(owner).get(reader.name)
-            if reader.served and fn in users and _takes_no_arguments(fn):  # else: rewritten code
-                self.readers[id(fn)] = (fn, _core.Reader(READER_KINDS[reader.kind], slot))
+            where = f"{row.module}.{reader.name}"
+            if not reader.served:
+                self.reader_rows.append((where, "not needed: dynamo inlines it (rewritten code on this Python)"))
+                continue
+            if not (fn in users and _takes_no_arguments(fn) and reader.matches(fn, row.name)):
+                self.reader_rows.append((where, "not covered: its body is not the row's "
+                                                "(rewritten code serves it)"))
+                continue
+            self.reader_rows.append((where, "patched"))
+            self.readers[id(fn)] = (fn, (reader, _core.Reader(READER_KINDS[reader.kind], slot,
+                                                              first=reader.first)))
         return "patched"
 
     def _view(self, module: str, row: PerThread, slot: int) -> None:
@@ -195,10 +214,11 @@ class Planner:
         _, names, attributes = self.targets[id(fn)]
         code = rewrite.redirect(fn, names, VIEW, attributes)[0]
         if id(fn) in self.readers:
-            reader = self.readers[id(fn)][1]
+            row, reader = self.readers[id(fn)][1]
             if _core.VECTORCALL_READERS:  # the Reader finds itself as the last constant
                 return code.replace(co_consts=code.co_consts + (reader,))
-            return patches.wrapper_code(fn, f"    return {READ_PREFIX}{fn.__name__}__()\n")
+            first = f"    {row.first}()\n" if row.first else ""
+            return patches.wrapper_code(fn, f"{first}    return {READ_PREFIX}{fn.__name__}__()\n")
         return code
 
     def initial(self) -> list[tuple[types.ModuleType, str, Any]]:
@@ -215,16 +235,31 @@ class Planner:
             out.append((label, importlib.import_module(module), VIEW, _core.SlotView(names)))
         if not _core.VECTORCALL_READERS:
             out += [(label, sys.modules[fn.__module__], f"{READ_PREFIX}{fn.__name__}__", reader.read)
-                    for fn, reader in self.readers.values()]
+                    for fn, (_, reader) in self.readers.values()]
         out += [(label, fn, "__code__", self.code_for(fn)) for fn, _, _ in self.targets.values()]
         if _core.VECTORCALL_READERS:
-            out += [(label, reader, "function", fn) for fn, reader in self.readers.values()]
+            out += [(label, reader, "function", fn) for fn, (_, reader) in self.readers.values()]
         for module, names in self.getattrs.items():
             owner = importlib.import_module(module)
             out.append((label, owner, "__getattr__",
                         _module_getattr(owner, names, vars(owner).get("__getattr__"))))
         out += [(label, owner, name, MISSING) for owner, name in self.deletes]
         return out
+
+
+def _body_of(fn: types.FunctionType) -> str | None:
+    """fn's body as FastReader.body writes it; None without source."""
+    import ast
+    import textwrap
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    body = tree.body[0].body if tree.body and hasattr(tree.body[0], "body") else []
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        body = body[1:]  # the docstring
+    return "; ".join(ast.unparse(statement) for statement in body)
 
 
 def _takes_no_arguments(fn: Any) -> bool:

@@ -40,13 +40,17 @@ PER_THREAD: tuple[PerThread, ...] = (
     # The FX-tracing flag: compile_wrapper raises when it reads True.
     PerThread(FLAG_MODULE, FLAG, False, flag=True,
               writers=("torch._higher_order_ops.utils._set_compilation_env",),
-              readers=(FastReader("is_fx_symbolic_tracing", "symbolic"),)),  # every compiled call
+              readers=(FastReader("is_fx_symbolic_tracing", "symbolic",  # every compiled call
+                                  body="return {name} and (not torch.compiler.is_compiling())"),
+                       FastReader("is_fx_tracing", first="is_fx_tracing_warning",  # warns each call
+                                  body="is_fx_tracing_warning(); return {name}"))),
     # is_compiling(): True in every thread during any compile (2.13+), so
     # transformers picks uncompiled flex_attention.  is_compiling()'s other
     # branch, torch.jit.is_scripting(), is False outside TorchScript, which
     # compiles the source, not the function object.
     PerThread("torch.compiler", "_is_compiling_flag", False, writers=(COMPILING_STATE,),
-              readers=(FastReader("is_compiling"),)),
+              readers=(FastReader("is_compiling", body="if torch.jit.is_scripting():\n"
+                                  "    return False\nelse:\n    return {name}"),)),
     PerThread("torch.compiler", "_is_exporting_flag", False, writers=(COMPILING_STATE,),
               readers=(FastReader("is_exporting"),)),
     PerThread("torch.compiler", "_is_non_strict_tracing_flag", False),
@@ -312,6 +316,7 @@ def prepare(layout: str, options: dict[str, bool]) -> Prepared:
                 raise UnsupportedTorchError(str(e)) from None
             reason = f"not covered: {e}"
         rows.append(_row("FX-tracing flag" if row.flag else what, row.where, reason))
+    rows += [_row("fast reader", where, reason) for where, reason in planner.reader_rows]
     changes = planner.changes("per-thread")
     for spec in PATCHING:
         rows.append(_row("per-thread patching", spec.where, _patching(spec, changes)))

@@ -11,7 +11,10 @@
  *   - elsewhere fn's code calls `reader.read()`, a METH_FASTCALL builtin,
  *     which 3.11 specialises (a METH_NOARGS one it does not).
  * Either way no Python frame runs for fn: debuggers, sys.settrace and
- * coverage do not see these calls. */
+ * coverage do not see these calls.
+ * A reader may call one global of its module first (`first`, by name: torch's
+ * is_fx_tracing() warns on every call); the vectorcall route calls it, the
+ * code route's code does. */
 #include "compat.h"
 
 typedef enum {
@@ -24,6 +27,7 @@ typedef struct {
     fxg_read_kind kind;
     Py_ssize_t slot;
     fxg_state *st;         /* its module's state: the type keeps the module alive */
+    PyObject *first;       /* name of the global called before answering, or NULL */
     PyObject *function;    /* the function served by vectorcall; NULL when detached */
     vectorcallfunc saved;  /* its vectorcall pointer before attaching */
 } ReaderObject;
@@ -31,10 +35,17 @@ typedef struct {
 static PyObject *
 reader_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"kind", "slot", NULL};
+    static char *kwlist[] = {"kind", "slot", "first", NULL};
     int kind;
     Py_ssize_t slot = FXG_FLAG_SLOT;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "i|n:Reader", kwlist, &kind, &slot)) {
+    PyObject *first = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "i|n$O:Reader", kwlist, &kind, &slot,
+                                     &first)) {
+        return NULL;
+    }
+    if (first != Py_None && !PyUnicode_Check(first)) {
+        PyErr_Format(PyExc_TypeError, "Reader: first must be a global's name or None, not %.100s",
+                     Py_TYPE(first)->tp_name);
         return NULL;
     }
     if (kind != FXG_READ_VALUE && kind != FXG_READ_SYMBOLIC) {
@@ -52,6 +63,10 @@ reader_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         self->kind = (fxg_read_kind)kind;
         self->slot = slot;
         self->st = st;
+        if (first != Py_None) {
+            self->first = Py_NewRef(first);
+            PyUnicode_InternInPlace(&self->first); /* hashed once: a fast lookup per call */
+        }
     }
     return (PyObject *)self;
 }
@@ -96,6 +111,24 @@ reader_of(PyObject *func)
     return r->function == func ? r : NULL;
 }
 
+/* Call the global `name` of func's module with no arguments, as its code would. */
+static int
+call_first(PyObject *func, PyObject *name)
+{
+    PyObject *fn = PyDict_GetItemWithError(PyFunction_GET_GLOBALS(func), name); /* borrowed */
+    if (fn == NULL) {
+        if (!PyErr_Occurred()) {
+            PyErr_Format(PyExc_NameError, "name '%U' is not defined", name);
+        }
+        return -1;
+    }
+    Py_INCREF(fn); /* the call may rebind the global */
+    PyObject *result = PyObject_CallNoArgs(fn);
+    Py_DECREF(fn);
+    Py_XDECREF(result);
+    return result == NULL ? -1 : 0;
+}
+
 /* CPython's own vectorcall of Python functions: a code address, the same for
  * every interpreter, so one process-wide copy is right.  Set by the module's
  * exec from a function it makes (3.13 no longer exports the symbol). */
@@ -110,6 +143,9 @@ reader_vectorcall(PyObject *func, PyObject *const *args, size_t nargsf, PyObject
         return python_vectorcall(func, args, nargsf, kwnames);
     }
     if (PyVectorcall_NARGS(nargsf) == 0 && (kwnames == NULL || PyTuple_GET_SIZE(kwnames) == 0)) {
+        if (r->first != NULL && call_first(func, r->first) < 0) {
+            return NULL;
+        }
         return answer(r);
     }
     return r->saved(func, args, nargsf, kwnames); /* the code raises the TypeError */
@@ -244,6 +280,7 @@ static int
 reader_traverse(PyObject *self, visitproc visit, void *arg)
 {
     Py_VISIT(((ReaderObject *)self)->function);
+    Py_VISIT(((ReaderObject *)self)->first);
     Py_VISIT(Py_TYPE(self));
     return 0;
 }
@@ -255,6 +292,7 @@ reader_clear(PyObject *self)
     if (r->function != NULL) {
         detach(r); /* never leave a function pointing at a dead reader */
     }
+    Py_CLEAR(r->first);
     return 0;
 }
 
@@ -298,9 +336,11 @@ static PyType_Slot reader_slots[] = {
     {Py_tp_methods, reader_methods},
     {Py_tp_getset, reader_getset},
     {Py_tp_repr, reader_repr},
-    {Py_tp_doc, "Reader(kind, slot=-1)\n--\n\n"
+    {Py_tp_doc, "Reader(kind, slot=-1, *, first=None)\n--\n\n"
                 "Answers a one-line per-thread reader from C: kind READ_VALUE gives the\n"
-                "slot's value, READ_SYMBOLIC the FX flag and not is_compiling()."},
+                "slot's value, READ_SYMBOLIC the FX flag and not is_compiling().  first:\n"
+                "the name of a global of the function's module that a served call calls\n"
+                "first (the function's code calls it too)."},
     {0, NULL},
 };
 

@@ -154,20 +154,28 @@ class Planner:
             self._redirect_writer(path, row, slot)
         self.getattrs.setdefault(row.module, {})[row.name] = slot
         self.deletes.append((owner, row.name))
-        for reader in row.readers:
-            fn = vars(owner).get(reader.name)
-            where = f"{row.module}.{reader.name}"
-            if not reader.served:
-                self.reader_rows.append((where, "not needed: dynamo inlines it (rewritten code on this Python)"))
+        self._add_readers(owner, row, slot, users)
+        return "patched"
+
+    def _add_readers(self, owner: types.ModuleType, row: PerThread, slot: int, users: list) -> None:
+        """Serve each reader function by the first FastReader of its name whose body it has."""
+        for name in dict.fromkeys(r.name for r in row.readers):
+            fn, where = vars(owner).get(name), f"{row.module}.{name}"
+            if fn not in users:
+                continue  # absent on this torch, or no longer reads the global
+            candidates = [r for r in row.readers if r.name == name]
+            if not all(r.served for r in candidates):
+                self.reader_rows.append((where, "not needed: dynamo inlines it "
+                                                "(rewritten code on this Python)"))
                 continue
-            if not (fn in users and _takes_no_arguments(fn) and reader.matches(fn, row.name)):
+            reader = next((r for r in candidates if r.matches(fn, row.name)), None)
+            if reader is None or not _takes_no_arguments(fn):
                 self.reader_rows.append((where, "not covered: its body is not the row's "
                                                 "(rewritten code serves it)"))
                 continue
             self.reader_rows.append((where, "patched"))
             self.readers[id(fn)] = (fn, (reader, _core.Reader(READER_KINDS[reader.kind], slot,
                                                               first=reader.first)))
-        return "patched"
 
     def _view(self, module: str, row: PerThread, slot: int) -> None:
         names = self.views.setdefault(module, {})

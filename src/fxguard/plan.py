@@ -40,10 +40,12 @@ PER_THREAD: tuple[PerThread, ...] = (
     # The FX-tracing flag: compile_wrapper raises when it reads True.
     PerThread(FLAG_MODULE, FLAG, False, flag=True,
               writers=("torch._higher_order_ops.utils._set_compilation_env",),
-              readers=(FastReader("is_fx_symbolic_tracing", "symbolic",  # every compiled call
+              # compile_wrapper calls one of the first two on every compiled call.
+              readers=(FastReader("is_fx_symbolic_tracing", "symbolic",
                                   body="return {name} and (not torch.compiler.is_compiling())"),
-                       FastReader("is_fx_tracing", first="is_fx_tracing_warning",  # warns each call
-                                  body="is_fx_tracing_warning(); return {name}"))),
+                       FastReader("is_fx_tracing", first="is_fx_tracing_warning",  # 2.9+
+                                  body="is_fx_tracing_warning(); return {name}"),
+                       FastReader("is_fx_tracing"))),  # <= 2.8
     # is_compiling(): True in every thread during any compile (2.13+), so
     # transformers picks uncompiled flex_attention.  is_compiling()'s other
     # branch, torch.jit.is_scripting(), is False outside TorchScript, which
@@ -201,6 +203,7 @@ class ConfigDefault:
     where: str
     value: Any
     option: str | None = None
+    missing: str = "not available on this torch"  # the status reason where torch lacks it
 
 
 def config_is_process_global() -> bool:
@@ -253,7 +256,10 @@ CONFIG_DEFAULTS: tuple[ConfigDefault, ...] = (
     # Backward graphs compiled with the forward: the autograd worker never
     # needs compile_lock (the shared-GPU deadlock).
     ConfigDefault("eager backward", "torch._functorch.config.force_non_lazy_backward_lowering",
-                  True, option="eager_backward"),
+                  True, option="eager_backward",
+                  missing="not covered: this torch has no such switch; a backward first compiled "
+                          "on a GPU's autograd worker can deadlock with another thread's compile "
+                          "(README, Limits)"),
 )
 
 OPTIONS = ("block_mask_lock", "config_window_lock", "eager_backward", "config_follows_thread")
@@ -261,7 +267,13 @@ OPTIONS = ("block_mask_lock", "config_window_lock", "eager_backward", "config_fo
 
 # -- layout of the FX flag ------------------------------------------------------
 
-KNOWN_FLAG_USERS = {"is_fx_tracing", "is_fx_symbolic_tracing", "Tracer.trace"}
+# The module-global layout: the functions of torch.fx._symbolic_trace that use
+# the flag, one known set per torch generation.  Every other use in the module
+# must lie in one of them (per_thread checks it); a set none matches refuses.
+KNOWN_FLAG_USERS = (
+    frozenset({"is_fx_tracing", "is_fx_symbolic_tracing", "Tracer.trace"}),  # 2.9 - 2.13
+    frozenset({"is_fx_tracing", "Tracer.trace"}),  # 2.5 - 2.8: compile_wrapper calls is_fx_tracing
+)
 
 
 def detect_layout(module: types.ModuleType) -> str:
@@ -277,7 +289,8 @@ def detect_layout(module: types.ModuleType) -> str:
     if type(names.get(FLAG)) is not bool:
         problems.append(f"module global {FLAG} (a bool) is missing")
     users = {fn.__qualname__ for fn in functions_in(module) if global_users([fn.__code__], FLAG)}
-    if missing := KNOWN_FLAG_USERS - users:
+    if not any(known <= users for known in KNOWN_FLAG_USERS):
+        missing = min((known - users for known in KNOWN_FLAG_USERS), key=len)
         problems.append(f"these no longer use {FLAG}: {', '.join(sorted(missing))}")
     if problems:
         raise UnsupportedTorchError(f"{module.__name__}: " + "; ".join(problems))
@@ -410,6 +423,6 @@ def _config_default(cfg: ConfigDefault, options: dict, changes: list) -> str:
     owner, current = _resolve(cfg.where)
     entry = getattr(owner, "_config", {}).get(cfg.where.rsplit(".", 1)[1]) if owner else None
     if entry is None or not hasattr(entry, "default"):
-        return "not available on this torch"
+        return cfg.missing
     changes.append((cfg.what, entry, "default", cfg.value))
     return "patched"

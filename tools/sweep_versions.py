@@ -1,0 +1,148 @@
+"""Run fxguard on every torch release it claims, and write README's sweep table.
+
+    python3 tools/sweep_versions.py                 # every version below (hours; GBs)
+    python3 tools/sweep_versions.py 2.8.0 2.9.1     # some of them
+    python3 tools/sweep_versions.py --doctor-only   # doctor only (about 30 s a version)
+    python3 tools/sweep_versions.py --table-only    # rewrite the table from saved results
+
+Each version gets a venv under ~/.cache/fxguard/venv-torch-<version> (made once;
+torch 2.13.0 is the CPU wheel from this machine's disk, the others CUDA wheels
+from the index, pip's 2.14.1 cap lifted for newer ones), the working tree
+installed into it, then `python -m fxguard doctor` and the whole test suite.
+What each printed is summarised in tools/sweep/<version>.json and README's
+table between the sweep markers is rewritten from every saved result.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+VERSIONS = ("2.5.1", "2.6.0", "2.7.1", "2.8.0", "2.9.1", "2.10.0", "2.11.0", "2.12.1", "2.13.0",
+            "2.14.1", "2.15.0")
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "tools" / "sweep"
+CACHE = Path(os.environ.get("FXGUARD_CI_CACHE", Path.home() / ".cache" / "fxguard"))
+BEGIN, END = "<!-- sweep:begin -->", "<!-- sweep:end -->"
+PIP_CAP = (2, 14, 1)  # /etc/xdg/pip caps torch here
+
+
+def _key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split("."))
+
+
+def venv_python(version: str) -> Path:
+    venv = CACHE / f"venv-torch-{version}"
+    python = venv / "bin" / "python"
+    check = f"import torch, sys; sys.exit(torch.__version__.split('+')[0] != {version!r})"
+    if not (python.exists() and subprocess.run([python, "-c", check]).returncode == 0):
+        print(f"== setting up {venv} (downloads torch {version}: several GB)", flush=True)
+        subprocess.run(["rm", "-rf", str(venv)], check=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        env = dict(os.environ)
+        if _key(version) > PIP_CAP:
+            env.update(PIP_CONFIG_FILE="/dev/null", PIP_CONSTRAINT="")
+        subprocess.run([python, "-m", "pip", "install", "-q", f"torch=={version}", "numpy",
+                        "pytest", "setuptools"], check=True, env=env)
+    subprocess.run([python, "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps",
+                    str(ROOT)], check=True, stdout=subprocess.DEVNULL)
+    return python
+
+
+def run(python: Path, args: list[str], timeout: float) -> tuple[int, str]:
+    try:
+        p = subprocess.run([str(python), *args], cwd=ROOT, capture_output=True, text=True,
+                           timeout=timeout)
+        return p.returncode, p.stdout + p.stderr
+    except subprocess.TimeoutExpired as e:
+        return 124, (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) \
+            else str(e.stdout or "")
+
+
+def sweep_one(version: str, doctor_only: bool) -> dict:
+    python = venv_python(version)
+    result = {"torch": version, "date": datetime.date.today().isoformat(),
+              "machine": f"{platform.machine()}, {os.cpu_count()} cores, no GPU",
+              "python": subprocess.run([str(python), "-c", "import platform; "
+                                        "print(platform.python_version())"],
+                                       capture_output=True, text=True).stdout.strip()}
+    rc, out = run(python, ["-m", "fxguard", "doctor"], 900)
+    (RESULTS / f"{version}.doctor.txt").write_text(out)
+    result["torch_build"] = _find(r"torch (\S+)\s+Python", out) or version
+    result["doctor_rc"] = rc
+    result["layout"] = _find(r"torch layout: ([\w-]+)", out)
+    result["mode"] = _find(r"mode after install\(\): ([\w-]+)", out)
+    result["doctor"] = _find(r"^result: (.*)$", out) or _last_line(out)
+    result["races"] = re.findall(r"^([a-z-]+)\s+(yes|no|n/a)\s", out, re.M)
+    result["not_covered"] = re.findall(r"^\s+\S.*?\s(\S+)\s+not covered: ", out, re.M)
+    if not doctor_only:
+        rc, out = run(python, ["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], 3600)
+        (RESULTS / f"{version}.tests.txt").write_text(out)
+        result["tests_rc"] = rc
+        result["tests"] = _find(r"^=*\s*(\d+ (?:passed|failed).*?) in [\d.]+s", out) or _last_line(out)
+        result["failed"] = re.findall(r"^FAILED (\S+)", out, re.M)
+    return result
+
+
+def _find(pattern: str, text: str) -> str | None:
+    m = re.search(pattern, text, re.M)
+    return m.group(1).strip() if m else None
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1][:200] if lines else "(no output)"
+
+
+def table() -> str:
+    rows = ["| torch | Python | layout | doctor | races stock had | test suite | date |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    saved = [json.loads(p.read_text()) for p in RESULTS.glob("*.json")]
+    for r in sorted(saved, key=lambda r: _key(r["torch"])):
+        raced = ", ".join(name for name, affected in r.get("races", []) if affected == "yes")
+        doctor = r["doctor"] if r["doctor_rc"] == 0 else f"exit {r['doctor_rc']}: {r['doctor']}"
+        if r.get("not_covered"):
+            doctor += f"; not covered: {', '.join(r['not_covered'])}"
+        tests = r.get("tests", "not run (doctor only)")
+        if r.get("failed"):
+            tests += "; failed: " + ", ".join(f"`{f}`" for f in r["failed"][:3])
+        rows.append(f"| {r['torch_build']} | {r['python']} | {r['layout'] or '?'} | {doctor} | "
+                    f"{raced or 'none'} | {tests} | {r['date']} |")
+    return "\n".join(rows)
+
+
+def write_table() -> None:
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    if BEGIN not in text or END not in text:
+        sys.exit(f"README.md has no {BEGIN} ... {END} markers")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    readme.write_text(f"{head}{BEGIN}\n{table()}\n{END}{tail}")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("versions", nargs="*", default=VERSIONS)
+    parser.add_argument("--doctor-only", action="store_true")
+    parser.add_argument("--table-only", action="store_true")
+    args = parser.parse_args(argv)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    if not args.table_only:
+        for version in args.versions:
+            print(f"== torch {version}", flush=True)
+            result = sweep_one(version, args.doctor_only)
+            (RESULTS / f"{version}.json").write_text(json.dumps(result, indent=1) + "\n")
+            print(f"   doctor: {result['doctor']}; tests: {result.get('tests', '-')}", flush=True)
+    write_table()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -45,9 +45,14 @@ def _graphs_and_breaks(fn):
     return len(graphs), explain.graph_break_count, out
 
 
+# torch <= 2.8 has no is_fx_symbolic_tracing.
+_CHECKER = getattr(torch.fx._symbolic_trace, "is_fx_symbolic_tracing",
+                   torch.fx._symbolic_trace.is_fx_tracing)
+
+
 def _uses_flags(x):
-    from torch.fx._symbolic_trace import is_fx_symbolic_tracing, is_fx_tracing
-    if is_fx_tracing() or is_fx_symbolic_tracing() or torch.fx._symbolic_trace.is_fx_tracing():
+    from torch.fx._symbolic_trace import is_fx_tracing
+    if is_fx_tracing() or _CHECKER() or torch.fx._symbolic_trace.is_fx_tracing():
         return x - 1
     return x + 1
 

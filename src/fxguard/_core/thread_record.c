@@ -484,9 +484,21 @@ fxg_thread_is_tracing(fxg_state *st)
     if (st->tracing_records == 0) {
         return 0; /* nobody traces: nothing can have been carried here */
     }
+    if (own == NULL) {
+        /* A thread's first read while another traces: give it its record
+         * (worker or not is decided once), so that a Python thread's later
+         * reads take the hot path instead of two torch TLS calls each. */
+        if ((own = new_own_record(st)) == NULL) {
+            return -1;
+        }
+        Py_DECREF(own); /* its thread state dict holds it */
+        if (!own->worker) {
+            return 0;
+        }
+    }
     fxg_record *carried = carried_record(st);
     if (carried == NULL) {
-        return PyErr_Occurred() ? -1 : (own != NULL && own->flag);
+        return PyErr_Occurred() ? -1 : own->flag;
     }
     int r = carried->flag;
     Py_DECREF(carried);

@@ -71,6 +71,7 @@ class PerThread:
     default: Any = None                  # each thread's initial value (immutable)
     factory: Callable[[], Any] | None = None  # or: a fresh initial value per thread
     writers: tuple[str, ...] = ()        # 'pkg.mod.func' in other modules assigning module.name
+    or_writers: tuple[str, ...] = ()     # an older torch's writers, where `writers` are absent
     aliases: tuple[str, ...] = ()        # modules whose functions read a ``from module import name``
     flag: bool = False                   # kept in the record's C flag (the FX-tracing flag)
     readers: tuple[FastReader, ...] = ()  # functions of the module answered in C (see above)
@@ -150,7 +151,7 @@ class Planner:
         _check_covered(owner, row.name, users)
         for alias in row.aliases:
             self._redirect_users(importlib.import_module(alias), row, slot)
-        for path in row.writers:
+        for path in self._writers_of(row):
             self._redirect_writer(path, row, slot)
         self.getattrs.setdefault(row.module, {})[row.name] = slot
         self.deletes.append((owner, row.name))
@@ -192,10 +193,15 @@ class Planner:
                 users.append(fn)
         return users
 
+    def _writers_of(self, row: PerThread) -> tuple[str, ...]:
+        """row.writers, or row.or_writers where torch has none of the former."""
+        if row.or_writers and all(_find_function(p) is None for p in row.writers):
+            return row.or_writers
+        return row.writers
+
     def _redirect_writer(self, path: str, row: PerThread, slot: int) -> None:
-        module_name, _, qualname = path.rpartition(".")
-        module = importlib.import_module(module_name)
-        fn = next((f for f in functions_in(module) if f.__qualname__ == qualname), None)
+        module_name = path.rpartition(".")[0]
+        fn = _find_function(path)
         if fn is None:
             raise NotCovered(f"writer {path} not found")
         if not self._target(fn, attributes={row.where: row.name}):
@@ -268,6 +274,16 @@ def _body_of(fn: types.FunctionType) -> str | None:
             and isinstance(body[0].value.value, str):
         body = body[1:]  # the docstring
     return "; ".join(ast.unparse(statement) for statement in body)
+
+
+def _find_function(path: str) -> types.FunctionType | None:
+    """'pkg.mod.qualname' -> that function of the module, or None."""
+    module_name, _, qualname = path.rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        return None
+    return next((f for f in functions_in(module) if f.__qualname__ == qualname), None)
 
 
 def _takes_no_arguments(fn: Any) -> bool:

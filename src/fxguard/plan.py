@@ -35,6 +35,9 @@ class UnsupportedTorchError(RuntimeError):
 # -- per-thread globals --------------------------------------------------------
 
 COMPILING_STATE = "torch._export.utils._compiling_state_context"  # export assigns the attributes
+# torch <= 2.6: the same context manager, nested in each of these (rewritten with it).
+OLD_COMPILING_STATE = ("torch.export._trace._export_to_aten_ir",
+                       "torch.export._trace._export_to_aten_ir_make_fx")
 
 PER_THREAD: tuple[PerThread, ...] = (
     # The FX-tracing flag: compile_wrapper raises when it reads True.
@@ -51,6 +54,7 @@ PER_THREAD: tuple[PerThread, ...] = (
     # branch, torch.jit.is_scripting(), is False outside TorchScript, which
     # compiles the source, not the function object.
     PerThread("torch.compiler", "_is_compiling_flag", False, writers=(COMPILING_STATE,),
+              or_writers=OLD_COMPILING_STATE,
               readers=(FastReader("is_compiling", body="if torch.jit.is_scripting():\n"
                                   "    return False\nelse:\n    return {name}"),)),
     PerThread("torch.compiler", "_is_exporting_flag", False, writers=(COMPILING_STATE,),
@@ -212,8 +216,8 @@ def config_is_process_global() -> bool:
     import contextvars
 
     import torch._dynamo.config as dynamo_config
-    entry = dynamo_config._config["allow_empty_graphs"]
-    return not isinstance(getattr(entry, "user_override", None), contextvars.ContextVar)
+    return not any(isinstance(getattr(entry, "user_override", None), contextvars.ContextVar)
+                   for entry in dynamo_config._config.values())
 
 
 def _config_needs_carrying() -> str | None:

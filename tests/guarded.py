@@ -19,6 +19,17 @@ def both_ways(races=torch_races):
     ], indirect=True)
 
 
+def needs(path: str):
+    """Skip where the installed torch lacks ``path`` ('pkg.mod.attr'): older releases."""
+    import importlib
+    module, _, attr = path.rpartition(".")
+    try:
+        present = hasattr(importlib.import_module(module), attr)
+    except ImportError:
+        present = False
+    return pytest.mark.skipif(not present, reason=f"this torch has no {path}")
+
+
 def run_together(*targets, timeout: float = 60.0) -> None:
     """Start one thread per target, wait for all; fail if one is still running."""
     import threading

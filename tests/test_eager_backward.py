@@ -2,10 +2,12 @@
 import threading
 
 import torch._functorch.config as fconfig
+from guarded import needs
 
 import fxguard
 
 NAME = "force_non_lazy_backward_lowering"
+pytestmark = needs(f"torch._functorch.config.{NAME}")  # torch >= 2.10
 
 
 def seen_from_new_thread():

@@ -34,8 +34,8 @@ def snapshot():
         "entry_classes": [(e, type(e)) for m in (importlib.import_module("torch._dynamo.config"),)
                           for e in m._config.values()],
         "module_class_dict": {k: id(v) for k, v in vars(torch.nn.Module).items()},
-        "config": (fconfig.force_non_lazy_backward_lowering,
-                   fconfig._config["force_non_lazy_backward_lowering"].default),
+        "config": {k: (getattr(fconfig, k), e.default) for k, e in fconfig._config.items()
+                   if k == "force_non_lazy_backward_lowering"},  # absent before torch 2.10
     }
 
 

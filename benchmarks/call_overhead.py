@@ -145,8 +145,8 @@ def measure_torch() -> dict:
                   best_ns(*twins.values(), *readers.values()))
     fxguard.install()
     symbolic, twin = readers["is_fx_symbolic_tracing"], twins["is_fx_symbolic_tracing"]
-    # While another thread traces, a thread with no record of its own asks
-    # torch's TLS (it could be an autograd worker acting for the tracer).
+    # While another thread traces, a thread's first read gives it a record (it
+    # asks once whether it is an autograd worker acting for the tracer).
     inside, release = threading.Event(), threading.Event()
 
     def tracer():

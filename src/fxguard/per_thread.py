@@ -228,10 +228,10 @@ class Planner:
         _, names, attributes = self.targets[id(fn)]
         code = rewrite.redirect(fn, names, VIEW, attributes)[0]
         if id(fn) in self.readers:
-            row, reader = self.readers[id(fn)][1]
+            spec, reader = self.readers[id(fn)][1]
             if _core.VECTORCALL_READERS:  # the Reader finds itself as the last constant
                 return code.replace(co_consts=code.co_consts + (reader,))
-            first = f"    {row.first}()\n" if row.first else ""
+            first = f"    {spec.first}()\n" if spec.first else ""
             return patches.wrapper_code(fn, f"{first}    return {READ_PREFIX}{fn.__name__}__()\n")
         return code
 

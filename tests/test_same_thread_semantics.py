@@ -21,8 +21,9 @@ def _nested_trace_outcome():
 
 @pytest.mark.parametrize("inline", [False, True])
 def test_compiled_call_inside_symbolic_trace_same_thread(inline, monkeypatch):
-    if not hasattr(torch._dynamo.config, "error_on_nested_fx_trace"):
+    if "error_on_nested_fx_trace" not in torch._dynamo.config._config:
         pytest.skip("this torch has no error_on_nested_fx_trace switch")
+    assert hasattr(torch._dynamo.config, "error_on_nested_fx_trace"), "an entry fxguard hid"
     monkeypatch.setattr(torch._dynamo.config, "error_on_nested_fx_trace", not inline)
     stock = _nested_trace_outcome()
     fxguard.install()

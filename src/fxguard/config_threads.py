@@ -201,6 +201,8 @@ def _set(pairs, clear: bool = False, copy_values: bool = False, fresh: bool = Fa
         dirty = getattr(module, "_hash_dirty_var", None)
         if dirty is not None:
             dirty.set(True)
+        elif "_is_dirty" in vars(module):
+            module._is_dirty = True  # torch 2.12: one hash cache for the process
         dirty_keys = getattr(module, "_get_dict_dirty_keys_var", None)
         if dirty_keys is not None:
             dirty_keys.set(None)  # None: fully dirty

@@ -4,6 +4,8 @@
     python3 tools/sweep_versions.py 2.8.0 2.9.1     # some of them
     python3 tools/sweep_versions.py --doctor-only   # doctor only (about 30 s a version)
     python3 tools/sweep_versions.py --table-only    # rewrite the table from saved results
+    python3 tools/sweep_versions.py --doctor-only --ci-log ci.log 2.11.0 ...
+                                   # doctor here; the suite's summary from a .ci/run log
 
 Each version gets a venv under ~/.cache/fxguard/venv-torch-<version> (made once;
 torch 2.13.0 is the CPU wheel from this machine's disk, the others CUDA wheels
@@ -63,6 +65,19 @@ def run(python: Path, args: list[str], timeout: float) -> tuple[int, str]:
     except subprocess.TimeoutExpired as e:
         return 124, (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) \
             else str(e.stdout or "")
+
+
+def suites_in_ci_log(text: str) -> dict[str, str]:
+    """torch version -> the whole suite's summary line, from a .ci/run log."""
+    found, version = {}, None
+    for line in text.splitlines():
+        m = re.match(r"== torch ([\d.]+): the whole suite", line) or \
+            re.match(r"== README test command \(torch ([\d.]+)\)", line)
+        if m:
+            version = m.group(1)
+        elif version and (m := re.match(r"^=*\s*(\d+ (?:passed|failed).*?) in [\d.]+s", line)):
+            found[version], version = m.group(1) + " (in .ci/run)", None
+    return found
 
 
 def sweep_one(version: str, doctor_only: bool) -> dict:
@@ -132,12 +147,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument("versions", nargs="*", default=VERSIONS)
     parser.add_argument("--doctor-only", action="store_true")
     parser.add_argument("--table-only", action="store_true")
+    parser.add_argument("--ci-log", help="a .ci/run log: take the suite's summary from it")
     args = parser.parse_args(argv)
+    from_ci = suites_in_ci_log(Path(args.ci_log).read_text()) if args.ci_log else {}
     RESULTS.mkdir(parents=True, exist_ok=True)
     if not args.table_only:
         for version in args.versions:
             print(f"== torch {version}", flush=True)
             result = sweep_one(version, args.doctor_only)
+            if version in from_ci:
+                result["tests"] = from_ci[version]
             (RESULTS / f"{version}.json").write_text(json.dumps(result, indent=1) + "\n")
             print(f"   doctor: {result['doctor']}; tests: {result.get('tests', '-')}", flush=True)
     write_table()

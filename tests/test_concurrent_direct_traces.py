@@ -130,9 +130,38 @@ def run(*targets):
         raise errors[0]
 
 
-@pytest.mark.parametrize("kind_a,kind_b", [  # each kind once as A, once as B
-    ("symbolic_trace", "make_fx"), ("make_fx", "export"), ("export", "symbolic_trace")])
-@both_ways(always_races)
+def paused_inside_a_patcher(kind):
+    """Whether a stock trace of this kind reaches Net's pause point while
+    Tracer.trace's patcher (one for the process) is active.  torch 2.5's
+    non-strict export runs the module before its traced pass: its pause is
+    outside the patcher, so it cannot race there.  A probe of the mechanism on
+    one thread, not of the race."""
+    seen = []
+
+    class Record:
+        def set(self):
+            seen.append(torch.fx._symbolic_trace.CURRENT_PATCHER is not None)
+
+    net = Net(0)
+    net.pause.hold, net.pause.inside = threading.current_thread(), Record()
+    net.pause.release.set()
+    trace(kind, net)
+    return bool(seen) and all(seen)
+
+
+def out_of_order_params():
+    """Each kind once as A, once as B; guard off must fail where both patch."""
+    wide = {kind: paused_inside_a_patcher(kind) for kind in KINDS}
+    params = []
+    for a, b in (("symbolic_trace", "make_fx"), ("make_fx", "export"), ("export", "symbolic_trace")):
+        params += [pytest.param("off", a, b, marks=pytest.mark.xfail(
+                       wide[a] and wide[b], strict=True,
+                       reason="stock torch races: the test must catch it")),
+                   pytest.param("on", a, b)]
+    return params
+
+
+@pytest.mark.parametrize("guard,kind_a,kind_b", out_of_order_params(), indirect=["guard"])
 def test_two_traces_that_end_out_of_order(guard, kind_a, kind_b):
     """A enters its trace and waits; B enters its own and waits; A finishes
     first, then B.  Stock: A's exit reverts the process-wide patches under B

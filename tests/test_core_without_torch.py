@@ -76,6 +76,25 @@ def test_fx_tracing_restores_on_exception_and_nests():
     """)
 
 
+def test_fx_tracing_takes_what_threading_acquire_takes():
+    """bool or int (__index__), like threading.Lock.acquire(blocking=); truthiness
+    of other objects ("yes", []) is refused, as threading refuses it."""
+    run_without_torch("""
+        for bad in ("yes", [], None, 1.0):
+            for call in (lambda: threading.Lock().acquire(blocking=bad),
+                         lambda: fxguard.fx_tracing(bad), lambda: fxguard.fx_tracing(active=bad)):
+                try:
+                    call()
+                    raise AssertionError(f"{bad!r} accepted")
+                except TypeError as e:
+                    assert "cannot be interpreted as an integer" in str(e), e
+        for good, expected in ((True, True), (False, False), (1, True), (0, False), (2 ** 70, True)):
+            with fxguard.fx_tracing(good):
+                assert fxguard.is_fx_tracing() is expected
+            assert not fxguard.is_fx_tracing()
+    """)
+
+
 @pytest.mark.parametrize("what", ["fx_tracing", "threads", "readers"])
 def test_hundred_thousand_calls_do_not_grow_memory(what):
     run_without_torch(f"""

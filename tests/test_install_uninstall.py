@@ -83,6 +83,17 @@ def test_unknown_option_is_rejected_before_anything_changes():
     assert snapshot() == before
 
 
+@pytest.mark.parametrize("value", [1, 0, 0.0, "yes", None, [], "numpy.bool_"])
+def test_non_bool_option_is_a_type_error_before_anything_changes(value):
+    if value == "numpy.bool_":
+        import numpy
+        value = numpy.bool_(True)
+    before = snapshot()
+    with pytest.raises(TypeError, match="block_mask_lock must be True or False"):
+        fxguard.install(block_mask_lock=value)
+    assert snapshot() == before and not fxguard.is_installed()
+
+
 def test_unknown_layout_raises_and_leaves_torch_untouched(monkeypatch):
     # Make the real torch look unfamiliar: the flag is no longer a bool.
     st = torch.fx._symbolic_trace

@@ -18,9 +18,20 @@ static PyObject *
 fx_tracing_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"active", NULL};
-    int active = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|p:fx_tracing", kwlist, &active)) {
+    PyObject *arg = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O:fx_tracing", kwlist, &arg)) {
         return NULL;
+    }
+    /* What threading's acquire(blocking=) takes: a bool or an int (anything
+     * with __index__); "yes" or [] must not read as True by truthiness. */
+    int active = 1;
+    if (arg != NULL) {
+        PyObject *index = PyNumber_Index(arg);
+        if (index == NULL) {
+            return NULL;
+        }
+        active = PyObject_IsTrue(index);
+        Py_DECREF(index);
     }
     FxTracingObject *self = (FxTracingObject *)type->tp_alloc(type, 0);
     if (self != NULL) {
@@ -151,7 +162,8 @@ static PyType_Slot fx_tracing_slots[] = {
     {Py_tp_doc,
      "fx_tracing(active=True)\n--\n\n"
      "Context manager: set the calling thread's FX-tracing flag inside the\n"
-     "with-block and restore the previous value on exit (also on exceptions)."},
+     "with-block and restore the previous value on exit (also on exceptions).\n"
+     "active: a bool or an int, as threading's acquire(blocking=) takes."},
     {0, NULL},
 };
 

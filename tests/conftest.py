@@ -1,7 +1,18 @@
 """Shared fixtures.  Tests run real torch; nothing here stands in for it."""
+import atexit
+import os
+import shutil
+import tempfile
+
 import pytest
 
 import fxguard
+
+# install()'s code cache (README, "Install cost"): a fresh one for this run (and
+# the subprocesses it starts), never the user's.
+_cache = tempfile.mkdtemp(prefix="fxguard-test-cache-")
+os.environ["FXGUARD_CACHE_DIR"] = _cache
+atexit.register(shutil.rmtree, _cache, True)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -87,6 +87,26 @@ def test_fullgraph_compile_calling_create_block_mask_has_no_graph_break():
     assert out.item() == build(torch.zeros(1)).item()
 
 
+def test_fxguard_create_block_mask_has_torchs_signature_and_doc():
+    import inspect
+    stock = torch.nn.attention.flex_attention.create_block_mask
+    assert inspect.signature(fxguard.create_block_mask) == inspect.signature(stock)
+    assert stock.__doc__ in fxguard.create_block_mask.__doc__
+    assert fxguard.create_block_mask.__name__ == "create_block_mask"
+    assert "create_block_mask" in dir(fxguard)
+
+
+def test_positional_compile_is_not_held_under_the_lock():
+    """_compile=True compiles on a new shape: never under block_mask_lock, also
+    when passed by position (torch's own signature says where)."""
+    import inspect
+    names = list(inspect.signature(fxguard.create_block_mask).parameters)
+    args = [causal, 1, 1, SEQ, SEQ, "cpu", 128, True][:names.index("_compile") + 1]
+    fxguard.block_mask_lock.reset_stats()
+    fxguard.create_block_mask(*args)
+    assert fxguard.block_mask_lock.stats()["acquisitions"] == 0
+
+
 @pytest.mark.parametrize("installed", [False, True])
 def test_fxguard_create_block_mask_is_a_drop_in(installed):
     if installed:

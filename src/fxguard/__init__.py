@@ -45,24 +45,29 @@ def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
             eager_backward: bool = True, config_follows_thread: bool = True) -> dict:
     """Make torch's trace state per-thread.  Idempotent; returns status().
 
-    Options (keyword-only, plan.OPTIONS): ``block_mask_lock`` (torch's eager
-    create_block_mask takes fxguard.block_mask_lock), ``config_window_lock``
-    (the dynamo config _set_compilation_env sets for its window stays in the
-    thread inside it, where that config is process-wide, torch <= 2.12; the
-    name is kept from when this was a lock), ``eager_backward``
-    (compile backward graphs with the forward, which removes the shared-GPU
-    deadlock), ``config_follows_thread`` (a new thread starts with a copy of
-    its starter's torch config overrides; see config_snapshot()).  Raises
-    UnsupportedTorchError, leaving torch untouched, on a torch whose layout
-    fxguard does not know.  Logs what it did on the "fxguard" logger.
+    Every option is keyword-only and True or False (anything else: TypeError):
+
+    - ``block_mask_lock``: torch's eager ``create_block_mask`` holds
+      ``fxguard.block_mask_lock`` (never across a compile);
+    - ``config_window_lock``: where dynamo config is process-wide (torch <= 2.11),
+      the config that eager flex_attention's compilation window sets stays in
+      the thread inside the window;
+    - ``eager_backward``: backward graphs are compiled with the forward, which
+      removes the shared-GPU deadlock between compiles and the autograd worker;
+    - ``config_follows_thread``: a new thread starts with a copy of its
+      starter's torch config overrides (see ``config_snapshot()``).
+
+    Raises UnsupportedTorchError, leaving torch untouched, on a torch whose
+    layout fxguard does not know.  Logs what it did on the "fxguard" logger.
+    What it computes from torch's source is cached on disk (README, "Install
+    cost"), so a later process installs in a fraction of the time.
     """
     global _installed
     chosen = {"block_mask_lock": block_mask_lock, "config_window_lock": config_window_lock,
               "eager_backward": eager_backward, "config_follows_thread": config_follows_thread}
     for name, value in chosen.items():
-        if value not in (True, False):  # 0 and 1 pass; "no" must not read as True
+        if type(value) is not bool:  # 1, 0.0, "no", numpy.bool_: say so, do not guess
             raise TypeError(f"install(): {name} must be True or False, not {value!r}")
-    chosen = {name: bool(value) for name, value in chosen.items()}
     # install() is where torch gets imported, outside the lock: with FXGUARD=1 the
     # start-up hook installs as torch finishes importing, in this very thread.
     import torch  # noqa: F401
@@ -73,9 +78,10 @@ def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
                 return status()
             _uninstall_locked()
 
-        from . import plan
-        layout = plan.detect_layout(_symbolic_trace)
-        prepared = plan.prepare(layout, chosen)  # raises before touching torch
+        from . import code_cache, plan
+        with code_cache.session():
+            layout = plan.detect_layout(_symbolic_trace)
+            prepared = plan.prepare(layout, chosen)  # raises before touching torch
         try:
             for change in prepared.changes:
                 patches.apply_patch(*change)
@@ -91,7 +97,7 @@ def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
             _core._configure(_core.MODE_OFF)
             raise
         _installed = {"layout": layout, "options": chosen, "rows": prepared.rows,
-                      "workers": workers}
+                      "workers": workers, "code_cache": dict(code_cache.last)}
         _log_installed(status())
         return status()
 
@@ -191,19 +197,49 @@ def status() -> dict:
         "options": None,
         "patch_points": [],
         "autograd_workers": None,
+        "code_cache": None,
     }
     if _installed is not None:
         info.update(layout=_installed["layout"], options=dict(_installed["options"]),
                     patch_points=[dict(r) for r in _installed["rows"]],
-                    autograd_workers=_installed["workers"])
+                    autograd_workers=_installed["workers"], code_cache=_installed["code_cache"])
     return info
 
 
-def create_block_mask(*args: Any, **kwargs: Any) -> Any:
-    """torch.nn.attention.flex_attention.create_block_mask, holding block_mask_lock
-    unless ``_compile=True`` (a compile must not hold it: see plan.BLOCK_MASK)."""
+def _make_create_block_mask() -> Any:
+    """fxguard.create_block_mask: torch's, holding block_mask_lock unless
+    ``_compile=True`` (a compile must never hold it: a new shape compiles, and
+    every thread's masks would queue behind that compile).  It carries torch's
+    signature and docstring (``__wrapped__``), which vary between releases, so
+    it is made on first access, which imports torch."""
+    import functools
+    import inspect
+
     from torch.nn.attention import flex_attention as flex
-    if kwargs.get("_compile"):
-        return flex.create_block_mask(*args, **kwargs)
-    with block_mask_lock:  # re-entrant: install()'s wrapper takes it again, cheaply
-        return flex.create_block_mask(*args, **kwargs)
+    stock = flex.create_block_mask
+    names = list(inspect.signature(stock).parameters)
+    at = names.index("_compile") if "_compile" in names else None
+
+    @functools.wraps(stock)
+    def create_block_mask(*args: Any, **kwargs: Any) -> Any:
+        compiles = kwargs.get("_compile", args[at] if at is not None and len(args) > at else False)
+        if compiles:
+            return flex.create_block_mask(*args, **kwargs)
+        with block_mask_lock:  # re-entrant: install()'s wrapper takes it again, cheaply
+            return flex.create_block_mask(*args, **kwargs)
+
+    create_block_mask.__module__ = __name__
+    create_block_mask.__doc__ = ("fxguard: torch's create_block_mask, holding fxguard.block_mask_lock "
+                                 "unless _compile=True.\n\n" + (stock.__doc__ or ""))
+    return create_block_mask
+
+
+def __getattr__(name: str) -> Any:
+    if name == "create_block_mask":
+        made = globals()["create_block_mask"] = _make_create_block_mask()
+        return made
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | {"create_block_mask"})

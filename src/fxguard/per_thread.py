@@ -55,7 +55,7 @@ class FastReader:
 
     def matches(self, fn: types.FunctionType, name: str) -> bool:
         """Whether fn's source body is the one this reader answers for."""
-        return _body_of(fn) == self.body.format(name=name)
+        return rewrite.def_body(fn.__code__) == self.body.format(name=name)
 
     @property
     def served(self) -> bool:
@@ -259,21 +259,6 @@ class Planner:
                         _module_getattr(owner, names, vars(owner).get("__getattr__"))))
         out += [(label, owner, name, MISSING) for owner, name in self.deletes]
         return out
-
-
-def _body_of(fn: types.FunctionType) -> str | None:
-    """fn's body as FastReader.body writes it; None without source."""
-    import ast
-    import textwrap
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    except (OSError, TypeError, SyntaxError):
-        return None
-    body = tree.body[0].body if tree.body and hasattr(tree.body[0], "body") else []
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-            and isinstance(body[0].value.value, str):
-        body = body[1:]  # the docstring
-    return "; ".join(ast.unparse(statement) for statement in body)
 
 
 def _find_function(path: str) -> types.FunctionType | None:

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import ast
 import copy
-import linecache
 import types
 from typing import Iterable
+
+from . import code_cache
 
 
 class RewriteError(RuntimeError):
@@ -35,18 +36,40 @@ def redirect(fn: types.FunctionType, names: Iterable[str], via: str,
     ``attributes``: dotted expressions (``"pkg.mod.name"``) to serve as
     ``<via>.<name>`` too (writers in other modules).  Raises RewriteError.
     """
-    return _recompiled(fn.__code__, lambda: _Redirect(set(names), via, attributes or {}))
+    names, attributes = tuple(sorted(names)), tuple(sorted((attributes or {}).items()))
+    return _cached_recompile("redirect", fn.__code__, (names, via, attributes),
+                             lambda: _Redirect(set(names), via, dict(attributes)))
 
 
 def uses_in_defs(filename: str, name: str) -> list[int]:
-    """Lines where code inside a def of this file uses global ``name``."""
-    lines: set[int] = set()
-    for node in ast.walk(_module_ast(filename)):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            finder = _Redirect({name}, "_", {})
-            finder.visit(_copy(node))
-            lines |= finder.lines
-    return sorted(lines)
+    """Lines where code inside a def (or lambda) of this file uses global ``name``."""
+    def find() -> tuple[int, ...]:
+        finder = _Redirect({name}, "_", {}, dry=True)  # one pass, the parse left as read
+        finder.visit(_module_ast(filename))
+        return tuple(sorted(finder.lines))
+
+    return list(code_cache.memo("uses", filename, (name,), find, _is_int_tuple))
+
+
+def def_body(code: types.CodeType) -> str | None:
+    """The body of code's def as ``ast.unparse`` writes it, statements joined by
+    "; ", docstring dropped; None without source."""
+    def body() -> str | None:
+        try:
+            statements = _find_def(_module_ast(code.co_filename), code)[-1].body
+        except RewriteError:
+            return None
+        if statements and isinstance(statements[0], ast.Expr) and \
+                isinstance(statements[0].value, ast.Constant) and isinstance(statements[0].value.value, str):
+            statements = statements[1:]  # the docstring
+        return "; ".join(ast.unparse(statement) for statement in statements)
+
+    return code_cache.memo("body", code.co_filename, (code.co_name, code.co_firstlineno), body,
+                           lambda v: v is None or isinstance(v, str))
+
+
+def _is_int_tuple(value: object) -> bool:
+    return isinstance(value, tuple) and all(type(v) is int for v in value)
 
 
 def def_span(code: types.CodeType) -> tuple[int, int]:
@@ -73,13 +96,17 @@ def global_users(codes: Iterable[types.CodeType], name: str) -> bool:
 # -- finding the def ---------------------------------------------------------
 
 def _module_ast(filename: str) -> ast.Module:
-    lines = linecache.getlines(filename)
-    if not lines:
+    """The module's parse, shared while a code_cache session lasts: never change it."""
+    if not code_cache.source(filename)[0]:
         raise RewriteError(f"no source for {filename}")
-    try:
-        return ast.parse("".join(lines), filename)
-    except SyntaxError as e:
-        raise RewriteError(f"cannot parse {filename}: {e}") from None
+
+    def parse(text: str) -> ast.Module:
+        try:
+            return ast.parse(text, filename)
+        except SyntaxError as e:
+            raise RewriteError(f"cannot parse {filename}: {e}") from None
+
+    return code_cache.parsed(filename, parse)
 
 
 def _first_line(node: ast.AST) -> int:
@@ -163,8 +190,9 @@ class _Redirect(ast.NodeTransformer):
     ``global``, or never bound locally.  A scope that binds it locally
     without ``global`` keeps its own variable (and nested scopes that see it)."""
 
-    def __init__(self, names: set[str], via: str, attributes: dict[str, str]):
+    def __init__(self, names: set[str], via: str, attributes: dict[str, str], dry: bool = False):
         self.names, self.via, self.attributes = names, via, attributes
+        self.dry = dry  # count and note lines only: the tree is left as it is
         self.count = 0
         self.lines: set[int] = set()
         self.local: list[set[str]] = []  # per enclosing scope: names bound locally
@@ -193,20 +221,26 @@ class _Redirect(ast.NodeTransformer):
         if len(kept) == len(node.names):
             return node
         self.count += 1
+        if self.dry:
+            return node
         return ast.copy_location(ast.Global(names=kept), node) if kept \
             else ast.copy_location(ast.Pass(), node)
 
     def visit_Name(self, node: ast.Name) -> ast.AST:
+        if self.dry and not self.local:
+            return node  # module or class level: not inside a def
         if node.id in self.names and node.id not in (self.local[-1] if self.local else ()):
             self.count += 1
             self.lines.add(node.lineno)
-            return ast.copy_location(self._slot(node.id, node.ctx), node)
+            return node if self.dry else ast.copy_location(self._slot(node.id, node.ctx), node)
         return node
 
     def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
         dotted = _dotted(node)
         if dotted in self.attributes:
             self.count += 1
+            if self.dry:
+                return node
             return ast.copy_location(self._slot(self.attributes[dotted], node.ctx), node)
         self.generic_visit(node)
         return node
@@ -265,7 +299,9 @@ def view_containers(fn: types.FunctionType, containers: Iterable[str],
     ``setattr(d, k, v)``.  Passing the container on (``f(d)``) is left alone.
     Returns (code, how many operations changed).  Raises RewriteError.
     """
-    return _recompiled(fn.__code__, lambda: _ViewContainers(set(containers), via))
+    containers = tuple(sorted(containers))
+    return _cached_recompile("view", fn.__code__, (containers, via),
+                             lambda: _ViewContainers(set(containers), via))
 
 
 class _ViewContainers(ast.NodeTransformer):
@@ -302,6 +338,24 @@ class _ViewContainers(ast.NodeTransformer):
         if isinstance(node.func, ast.Name) and node.func.id in self.ATTRIBUTE_FUNCTIONS and node.args:
             node.args[0] = self._view(node.args[0])
         return node
+
+
+def _cached_recompile(kind: str, code: types.CodeType, request: tuple,
+                      make_changer) -> tuple[types.CodeType, int]:
+    """_recompiled(), through the code cache; an unchanged def gives code itself."""
+    def compute() -> tuple[types.CodeType | None, int]:
+        new, count = _recompiled(code, make_changer)
+        return (new if count else None), count
+
+    new, count = code_cache.memo(kind, code.co_filename,
+                                 (code.co_name, code.co_firstlineno, code.co_freevars) + request,
+                                 compute, _is_recompiled)
+    return (new if count else code), count
+
+
+def _is_recompiled(value: object) -> bool:
+    return isinstance(value, tuple) and len(value) == 2 and type(value[1]) is int and \
+        (isinstance(value[0], types.CodeType) if value[1] else value[0] is None)
 
 
 def _recompiled(code: types.CodeType, make_changer) -> tuple[types.CodeType, int]:

@@ -127,6 +127,53 @@ def test_run_sets_the_environment_its_children_inherit(tmp_path):
     assert proc.stdout.split() == ["1", "eager_backward=0"], proc.stderr
 
 
-def test_doctor_and_status_still_answer(tmp_path):
+def test_bad_options_from_the_environment_warn_and_the_target_runs_unpatched(tmp_path):
+    """README's policy for the environment, under fxguard run too: the WARNING
+    names FXGUARD_OPTIONS (not --options, which was never typed)."""
+    (tmp_path / "uses_torch.py").write_text(
+        "import torch, fxguard\nprint('installed', fxguard.is_installed())\n")
+    proc = run("-m", "fxguard", "run", "uses_torch.py", cwd=tmp_path,
+               env={**os.environ, "FXGUARD_OPTIONS": "bogus=1"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["installed", "False"]
+    assert "FXGUARD_OPTIONS: unknown option 'bogus'" in proc.stderr and "--options" not in proc.stderr
+    assert "runs unpatched" in proc.stderr
+
+
+def test_options_typed_on_the_command_line_win_over_the_environment(tmp_path):
+    (tmp_path / "env.py").write_text("import os; print(os.environ['FXGUARD_OPTIONS'])\n")
+    proc = run("-m", "fxguard", "run", "--options", "eager_backward=0", "env.py", cwd=tmp_path,
+               env={**os.environ, "FXGUARD_OPTIONS": "bogus=1"})
+    assert proc.returncode == 0 and proc.stdout.split() == ["eager_backward=0"], proc.stderr
+    proc = run("-m", "fxguard", "run", "--options", "bogus=1", "env.py", cwd=tmp_path,
+               env={**os.environ, "FXGUARD_OPTIONS": "eager_backward=0"})
+    assert proc.returncode == 2 and "--options: unknown option 'bogus'" in proc.stderr
+
+
+def test_help_names_every_command(tmp_path):
+    proc = run("-m", "fxguard", "--help", cwd=tmp_path)
+    assert proc.returncode == 0
+    for command in ("run", "doctor", "status"):
+        assert f"\n    {command} " in proc.stdout, proc.stdout
+    proc = run("-m", "fxguard", "bogus", cwd=tmp_path)
+    assert proc.returncode == 2 and "'run'" in proc.stderr and "'status'" in proc.stderr
+    proc = run("-m", "fxguard", "run", "--help", cwd=tmp_path)
+    assert proc.returncode == 0 and "--options" in proc.stdout
+
+
+def test_status_from_a_shell_says_what_install_would_do(tmp_path):
+    """A new process has installed nothing: status prints install()'s plan for
+    the installed torch, every row with its reason, and says it changed nothing."""
+    import json
     proc = run("-m", "fxguard", "status", cwd=tmp_path)
-    assert proc.returncode == 0 and '"mode": "not-installed"' in proc.stdout
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout)
+    assert info["preview"] is True and "nothing was changed" in info["note"]
+    assert info["torch"] and info["layout"] in ("module-global", "upstream-thread-local")
+    assert info["mode"] in ("patched", "upstream-thread-local")
+    assert info["patch_points"] and all(r["reason"] for r in info["patch_points"])
+    proc = run("-m", "fxguard", "status", "--options", "block_mask_lock=0", cwd=tmp_path)
+    rows = {r["what"]: r["reason"] for r in json.loads(proc.stdout)["patch_points"]}
+    assert rows["block-mask lock"] == "option off"
+    proc = run("-m", "fxguard", "status", "--options", "turbo=1", cwd=tmp_path)
+    assert proc.returncode == 2 and "--options: unknown option 'turbo'" in proc.stderr

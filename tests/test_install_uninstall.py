@@ -94,6 +94,21 @@ def test_non_bool_option_is_a_type_error_before_anything_changes(value):
     assert snapshot() == before and not fxguard.is_installed()
 
 
+def test_preview_changes_nothing_and_says_what_install_does():
+    before = snapshot()
+    preview = fxguard.preview(eager_backward=False)
+    assert snapshot() == before and not fxguard.is_installed() and patches.applied() == ()
+    assert preview["preview"] is True
+    installed = fxguard.install(eager_backward=False)
+    keys = ("mode", "layout", "options", "patch_points", "autograd_workers")
+    assert {k: preview[k] for k in keys} == {k: installed[k] for k in keys}
+    assert fxguard.preview(eager_backward=False)["preview"] is False  # installed: its status
+    with pytest.raises(TypeError, match="eager_backward must be True or False"):
+        fxguard.preview(eager_backward="no")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'turbo'"):
+        fxguard.preview(turbo=True)
+
+
 def test_unknown_layout_raises_and_leaves_torch_untouched(monkeypatch):
     # Make the real torch look unfamiliar: the flag is no longer a bool.
     st = torch.fx._symbolic_trace

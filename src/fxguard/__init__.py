@@ -19,7 +19,7 @@ from .config_threads import ConfigSnapshot, config_snapshot
 from .plan import OPTIONS, UnsupportedTorchError
 
 __all__ = [
-    "install", "uninstall", "is_installed", "status", "is_fx_tracing", "is_fx_symbolic_tracing",
+    "install", "uninstall", "is_installed", "status", "preview", "is_fx_tracing", "is_fx_symbolic_tracing",
     "fx_tracing", "block_mask_lock", "create_block_mask", "RLock", "UnsupportedTorchError",
     "get_original", "is_object_patched", "config_snapshot", "ConfigSnapshot",
 ]
@@ -63,11 +63,8 @@ def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
     cost"), so a later process installs in a fraction of the time.
     """
     global _installed
-    chosen = {"block_mask_lock": block_mask_lock, "config_window_lock": config_window_lock,
-              "eager_backward": eager_backward, "config_follows_thread": config_follows_thread}
-    for name, value in chosen.items():
-        if type(value) is not bool:  # 1, 0.0, "no", numpy.bool_: say so, do not guess
-            raise TypeError(f"install(): {name} must be True or False, not {value!r}")
+    chosen = _chosen(block_mask_lock=block_mask_lock, config_window_lock=config_window_lock,
+                     eager_backward=eager_backward, config_follows_thread=config_follows_thread)
     # install() is where torch gets imported, outside the lock: with FXGUARD=1 the
     # start-up hook installs as torch finishes importing, in this very thread.
     import torch  # noqa: F401
@@ -102,6 +99,18 @@ def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
         return status()
 
 
+def _chosen(who: str = "install", **options: Any) -> dict[str, bool]:
+    """Every option, checked: unknown names and non-bools are TypeErrors."""
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise TypeError(f"{who}() got an unexpected keyword argument {unknown[0]!r}")
+    chosen = {name: options.get(name, True) for name in OPTIONS}
+    for name, value in chosen.items():
+        if type(value) is not bool:  # 1, 0.0, "no", numpy.bool_: say so, do not guess
+            raise TypeError(f"{who}(): {name} must be True or False, not {value!r}")
+    return chosen
+
+
 def _log_installed(info: dict) -> None:
     rows = info["patch_points"]
     patched = [f"{r['what']} {r['where']}" for r in rows if r["patched"]]
@@ -129,9 +138,8 @@ def _wait_for_exiting_threads_at_exit() -> None:
         _exit_wait_registered = True
 
 
-def _configure_core(layout: str, defaults: tuple[tuple, tuple], carry_context: bool) -> str:
-    """Hand the C core the slot layout and the torch functions it may call;
-    says how autograd workers get the state."""
+def _core_hooks(layout: str) -> tuple[int, dict[str, Any]]:
+    """The C core's mode for this layout, and the torch functions it may call."""
     import torch
     from torch.fx import _symbolic_trace
 
@@ -141,19 +149,52 @@ def _configure_core(layout: str, defaults: tuple[tuple, tuple], carry_context: b
     for hook, name in (("tls_stash", "_stash_obj_in_tls"), ("tls_has", "_is_key_in_tls"),
                        ("tls_get", "_get_obj_in_tls")):
         hooks[hook] = getattr(torch._C, name, None)
-    mode = _core.MODE_PATCHED
-    if layout == UPSTREAM:
-        hooks.update(upstream_get=_symbolic_trace._get_is_fx_tracing,
-                     upstream_set=_symbolic_trace._set_is_fx_tracing)
-        mode = _core.MODE_UPSTREAM
-    _core._configure(mode, defaults=defaults[0], factories=defaults[1],
-                     carry_context=carry_context, **hooks)
+    if layout != UPSTREAM:
+        return _core.MODE_PATCHED, hooks
+    hooks.update(upstream_get=_symbolic_trace._get_is_fx_tracing,
+                 upstream_set=_symbolic_trace._set_is_fx_tracing)
+    return _core.MODE_UPSTREAM, hooks
+
+
+def _workers(mode: int, hooks: dict[str, Any]) -> str:
+    """How autograd workers get the per-thread state."""
     if None in (hooks["tls_stash"], hooks["tls_has"], hooks["tls_get"]):
         return "not carried (this torch lacks _stash_obj_in_tls and friends)"
     carried = "per-thread state carried via torch._C._stash_obj_in_tls"
-    if layout == UPSTREAM:
+    if mode == _core.MODE_UPSTREAM:
         carried += "; torch's own FX flag (threading.local) is not carried"
     return carried
+
+
+def _configure_core(layout: str, defaults: tuple[tuple, tuple], carry_context: bool) -> str:
+    """Hand the C core the slot layout and the torch functions it may call;
+    says how autograd workers get the state."""
+    mode, hooks = _core_hooks(layout)
+    _core._configure(mode, defaults=defaults[0], factories=defaults[1],
+                     carry_context=carry_context, **hooks)
+    return _workers(mode, hooks)
+
+
+def preview(**options: bool) -> dict:
+    """What ``install(**options)`` would do on the installed torch, computed
+    without changing anything: status()'s keys, with ``mode`` the one install()
+    would set, and ``"preview": True``.  Where fxguard is installed: status().
+    Imports torch; raises what install() would (UnsupportedTorchError, TypeError)."""
+    chosen = _chosen("preview", **options)
+    import torch  # noqa: F401  (outside the lock: see install())
+    from torch.fx import _symbolic_trace
+    with _lock:
+        if _installed is not None:
+            return {**status(), "preview": False}
+        from . import code_cache, plan
+        with code_cache.session():
+            layout = plan.detect_layout(_symbolic_trace)
+            prepared = plan.prepare(layout, chosen)
+    mode, hooks = _core_hooks(layout)
+    return {**status(), "mode": _MODES[mode], "layout": layout, "options": chosen,
+            "patch_points": prepared.rows, "autograd_workers": _workers(mode, hooks),
+            "code_cache": dict(code_cache.last), "preview": True,
+            "note": "what install() would do on this torch; nothing was changed"}
 
 
 def uninstall() -> None:

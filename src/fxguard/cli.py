@@ -1,5 +1,8 @@
 """The ``fxguard`` command (also ``python -m fxguard``): run | doctor | status.
 
+``fxguard status`` prints what install() would do on the installed torch
+(``fxguard.preview()``), computed in this process without changing anything.
+
 ``fxguard run [--options LIST] script.py args...`` and ``fxguard run [--options
 LIST] -m module args...`` run the target as ``python script.py`` / ``python -m
 module`` would (``__main__``, ``sys.argv``, ``sys.path[0]``, exit status,
@@ -17,37 +20,85 @@ import types
 from typing import NoReturn
 
 RUN_USAGE = "fxguard run [--options NAME=0|1,...] (script.py | -m module) [args ...]"
+OPTIONS_HELP = "install() options: block_mask_lock=0,eager_backward=0 (names in README, API)"
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "run":
+    if argv and argv[0] == "run":  # its own parser: everything after the target is the target's
         return run(argv[1:])
+    args = _parser().parse_args(argv)
+    if args.command == "status":
+        return status(args.options)
     from . import doctor
-    return doctor.main(argv)
+    return doctor.main(json_path=args.json, verbose=args.verbose)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fxguard", description="Per-thread trace state for PyTorch. With no command: doctor.")
+    commands = parser.add_subparsers(dest="command", metavar="{run,doctor,status}")
+    commands.add_parser("run", add_help=False, usage=RUN_USAGE,
+                        help="run a script or module with fxguard installed (fxguard run -h)")
+    doctor = commands.add_parser("doctor", help="show the races on the installed torch, then the fix")
+    doctor.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    doctor.add_argument("-v", "--verbose", action="store_true",
+                        help="print torch's warnings during the probes in full")
+    status = commands.add_parser(
+        "status", help="what install() would do on the installed torch, as JSON; changes nothing")
+    status.add_argument("--options", default="", metavar="LIST", help=OPTIONS_HELP)
+    parser.set_defaults(command="doctor", json=None, verbose=False)
+    return parser
+
+
+def status(options: str) -> int:
+    """Print fxguard.preview(): this process never installs, so status() would
+    only ever say "not-installed"."""
+    import json
+
+    import fxguard
+
+    from .startup import parse_options
+    try:
+        chosen = parse_options(options)
+    except ValueError as e:
+        _parser().error(f"--options: {e}")
+    try:
+        info = fxguard.preview(**chosen)
+    except fxguard.UnsupportedTorchError as e:
+        print(json.dumps({**fxguard.status(), "preview": True, "error": str(e)}, indent=2))
+        return 1
+    print(json.dumps(info, indent=2))
+    return 0
 
 
 def run(argv: list[str]) -> int:
-    """Parse fxguard's own options (those before the target), then run the target."""
+    """Parse fxguard's own options (those before the target), then run the target.
+
+    Options typed here (``--options``) are checked now: a bad one exits 2,
+    naming ``--options``.  Without it, FXGUARD_OPTIONS from the environment
+    applies as it does under FXGUARD=1: a bad value logs a WARNING naming
+    FXGUARD_OPTIONS once torch is imported, and the target runs unpatched."""
     target_at = _target_index(argv)
     parser = argparse.ArgumentParser(
         prog="fxguard run", usage=RUN_USAGE,
         description="Run a Python script or module with fxguard installed (also in its "
                     "subprocesses, through FXGUARD=1).")
-    parser.add_argument("--options", default=os.environ.get("FXGUARD_OPTIONS", ""),
-                        metavar="LIST", help="install() options, as in FXGUARD_OPTIONS: "
-                                             "block_mask_lock=0,eager_backward=0")
+    parser.add_argument("--options", default=None, metavar="LIST",
+                        help=OPTIONS_HELP + "; default: FXGUARD_OPTIONS")
     parser.add_argument("-m", dest="module", metavar="module", help="run a module as a script")
     args = parser.parse_args(argv[:target_at])
     rest = argv[target_at:]
     if args.module is None and not rest:
         parser.error("give a script or -m module")
     from .startup import install_when_torch_imported, parse_options
-    try:
-        parse_options(args.options)
-    except ValueError as e:
-        parser.error(f"--options: {e}")
-    os.environ.update(FXGUARD="1", FXGUARD_OPTIONS=args.options)  # children inherit these
+    if args.options is not None:
+        try:
+            parse_options(args.options)
+        except ValueError as e:
+            parser.error(f"--options: {e}")
+        os.environ["FXGUARD_OPTIONS"] = args.options  # children inherit these
+    os.environ["FXGUARD"] = "1"
     install_when_torch_imported()
     if args.module is not None:
         run_module(args.module, rest)

@@ -1,22 +1,36 @@
-"""python -m fxguard doctor: show the races on the installed torch, then the fix.
+"""fxguard doctor: show the races on the installed torch, then the fix.
 
 Runs each deterministic race with fxguard off, then on, in this process, and
-prints a table.  Exit status 0 when fxguard fixes every race it found.
+prints a table.  Exit status 0 when fxguard fixes every race it found.  What
+torch warns about during the probes is captured and summarised after the
+table (``--verbose``: in full); warnings the probes cause on purpose are named
+as such, any other is printed.
 """
 from __future__ import annotations
 
-import argparse
+import contextlib
 import json
+import logging
 import platform
+import re
+import textwrap
 import time
+import warnings
+from typing import Iterator
 
 import fxguard
 
 from . import config_threads, races
 
-
-def _row(cells: list[str], widths: list[int]) -> str:
-    return "  ".join(c.ljust(w) for c, w in zip(cells, widths))
+# Warnings the probes cause on purpose, or that say nothing about fxguard:
+# (pattern, why it is expected).
+EXPECTED = (
+    (r"hit config\.recompile_limit", "the stock config probe compiles past torch's "
+                                     "recompile_limit on purpose"),
+    (r"is_fx_tracing will return true", "torch's notice on is_fx_tracing(), which the race "
+                                        "probes call"),
+    (r"Failed to initialize NumPy|No module named 'numpy'", "torch without NumPy: harmless here"),
+)
 
 
 def run_races() -> list[dict]:
@@ -58,49 +72,134 @@ def probe_shared_gpu() -> dict | None:
     return {"stock": shared_gpu.probe(install=False), "fxguard": shared_gpu.probe(install=True)}
 
 
-def report(rows: list[dict], status: dict, seconds: float, gpu: dict | None = None) -> str:
+# -- what torch says meanwhile ------------------------------------------------------
+
+class _Captured(logging.Handler):
+    def __init__(self, into: list[str]) -> None:
+        super().__init__(logging.WARNING)
+        self.into = into
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.into.append(f"{record.name}: {record.getMessage()}")
+
+
+@contextlib.contextmanager
+def captured_warnings() -> Iterator[list[str]]:
+    """Python warnings and WARNINGs on torch's loggers, collected instead of
+    printed (torch's loggers get their handlers back afterwards)."""
+    caught: list[str] = []
+    with warnings.catch_warnings(record=True) as python_warnings:
+        warnings.simplefilter("default")
+        import torch  # noqa: F401  (its import warns too, and sets up its loggers)
+        # torch._logging gives torch and many of its subsystems a handler each.
+        loggers = [lg for name, lg in list(logging.root.manager.loggerDict.items())
+                   if isinstance(lg, logging.Logger) and lg.handlers
+                   and (name == "torch" or name.startswith("torch."))]
+        saved = [lg.handlers[:] for lg in loggers]
+        capture = _Captured(caught)
+        for lg in loggers:
+            lg.handlers[:] = [capture]
+        try:
+            yield caught
+        finally:
+            for lg, handlers in zip(loggers, saved):
+                lg.handlers[:] = handlers
+            caught[:0] = [f"{w.category.__name__}: {w.message}" for w in python_warnings]
+
+
+def sort_warnings(caught: list[str]) -> tuple[dict[str, int], list[str]]:
+    """({why expected: count}, unexpected ones in full)."""
+    expected: dict[str, int] = {}
+    unexpected = []
+    for text in caught:
+        why = next((why for pattern, why in EXPECTED if re.search(pattern, text)), None)
+        if why is None:
+            unexpected.append(text)
+        else:
+            expected[why] = expected.get(why, 0) + 1
+    return expected, unexpected
+
+
+# -- the report ----------------------------------------------------------------------
+
+COLUMNS = (("race", 25), ("affected", 8), ("stock torch", 40), ("with fxguard", 40))
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    """Rows of cells, each wrapped inside its column (nothing is cut)."""
+    lines = []
+    for cells in rows:
+        wrapped = [textwrap.wrap(c, width) or [""] for c, (_, width) in zip(cells, COLUMNS)]
+        for i in range(max(map(len, wrapped))):
+            parts = [(w[i] if i < len(w) else "").ljust(width)
+                     for w, (_, width) in zip(wrapped, COLUMNS)]
+            lines.append("  ".join(parts).rstrip())
+    return lines
+
+
+def verdict(rows: list[dict], gpu: dict | None) -> tuple[bool, str]:
+    ok = all(r["fixed"] for r in rows) and (gpu is None or gpu["fxguard"]["result"] == "completed")
+    return ok, "fxguard fixes every race found" if ok else "RACE NOT FIXED"
+
+
+def report(rows: list[dict], status: dict, seconds: float, gpu: dict | None = None,
+           caught: list[str] = (), verbose: bool = False) -> str:
+    _, answer = verdict(rows, gpu)
+    affected = sum(bool(r["affected"]) for r in rows)
     lines = [
         f"fxguard {status['fxguard']}  torch {status['torch']}  Python {status['python']}  "
         f"{platform.machine()}  ({seconds:.1f} s)",
         f"mode after install(): {status['mode']}  (torch layout: {status['layout']})",
+        f"stock torch had {affected} of the {len(rows)} races probed here",
         "",
     ]
-    widths = [26, 9, 44, 30]
-    lines.append(_row(["race", "affected", "stock torch", "with fxguard"], widths))
+    table = [[name for name, _ in COLUMNS]]
     for r in rows:
-        lines.append(_row([r["race"], "yes" if r["affected"] else "no", r["stock"][:44],
-                           ("fixed: " if r["affected"] else "") + r["with_fxguard"]], widths))
+        table.append([r["race"], "yes" if r["affected"] else "no", r["stock"],
+                      ("fixed: " if r["affected"] else "") + r["with_fxguard"]])
     if gpu is None:
-        lines.append(_row(["shared-gpu-deadlock", "n/a", "no CUDA here: not probed", ""], widths))
+        table.append(["shared-gpu-deadlock", "n/a", "no CUDA here: not probed", ""])
     else:
         stock, fixed = gpu["stock"]["result"], gpu["fxguard"]["result"]
-        lines.append(_row(["shared-gpu-deadlock", "yes" if stock == "deadlocked" else "no",
-                           f"{stock} ({gpu['stock']['seconds']} s)",
-                           f"{fixed} ({gpu['fxguard']['seconds']} s)"], widths))
+        table.append(["shared-gpu-deadlock", "yes" if stock == "deadlocked" else "no",
+                      f"{stock} ({gpu['stock']['seconds']} s)",
+                      f"{fixed} ({gpu['fxguard']['seconds']} s)"])
+    lines += _table(table)
     lines += ["", "install() patched:"]
     for p in status["patch_points"]:
         mark = p.get("reason") or ("patched" if p["patched"] else "not needed on this torch")
         lines.append(f"  {p['what']:<27} {p['where']:<58} {mark}")
     lines.append(f"autograd workers: {status['autograd_workers']}")
+    lines += _notes(caught, verbose)
+    lines += ["", f"result: {answer}"]
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fxguard")
-    parser.add_argument("command", nargs="?", default="doctor", choices=["doctor", "status"])
-    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
-    args = parser.parse_args(argv)
-    if args.command == "status":
-        print(json.dumps(fxguard.status(), indent=2))
-        return 0
+def _notes(caught: list[str], verbose: bool) -> list[str]:
+    if not caught:
+        return []
+    expected, unexpected = sort_warnings(caught)
+    lines = ["", f"torch warned {len(caught)} time(s) during the probes"
+                 + ("" if verbose else " (--verbose prints them in full)") + ":"]
+    lines += [f"  {n} expected: {why}" for why, n in expected.items()]
+    if unexpected:
+        lines.append(f"  {len(unexpected)} not expected by doctor:")
+        lines += ["    " + u.replace("\n", "\n    ") for u in unexpected]
+    if verbose:
+        lines += ["  in full:"] + ["    " + c.replace("\n", "\n    ") for c in caught]
+    return lines
+
+
+def main(json_path: str | None = None, verbose: bool = False) -> int:
     start = time.perf_counter()
-    rows = run_races()
-    status = fxguard.status()
-    gpu = probe_shared_gpu()
-    print(report(rows, status, time.perf_counter() - start, gpu))
-    ok = all(r["fixed"] for r in rows) and (gpu is None or gpu["fxguard"]["result"] == "completed")
-    print("\nresult:", "fxguard fixes every race found" if ok else "RACE NOT FIXED")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"status": status, "races": rows, "shared_gpu": gpu, "ok": ok}, f, indent=2)
+    with captured_warnings() as caught:
+        rows = run_races()
+        status = fxguard.status()
+        gpu = probe_shared_gpu()
+    print(report(rows, status, time.perf_counter() - start, gpu, caught, verbose))
+    ok, _ = verdict(rows, gpu)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"status": status, "races": rows, "shared_gpu": gpu, "ok": ok,
+                       "warnings": caught}, f, indent=2)
     return 0 if ok else 1

@@ -195,18 +195,34 @@ class _Redirect(ast.NodeTransformer):
         self.dry = dry  # count and note lines only: the tree is left as it is
         self.count = 0
         self.lines: set[int] = set()
-        self.local: list[set[str]] = []  # per enclosing scope: names bound locally
+        self.scopes: list[tuple[ast.AST, ast.arguments | None]] = []  # enclosing defs, lambdas
+        self.local: list[set[str] | None] = []  # per scope: names bound locally (None: not yet)
 
     def _scope(self, node: ast.AST, args: ast.arguments | None) -> ast.AST:
-        declared = {n for g in _own_nodes(node, ast.Global) for n in g.names}
-        bound = _bound_names(node, args) - declared
-        inherited = self.local[-1] if self.local else set()
-        self.local.append((inherited | bound) & self.names)
+        self.scopes.append((node, args))
+        # A dry pass changes nothing, so a scope's locals can wait until a name
+        # of interest shows up in it (most never see one); a rewrite needs them
+        # before it turns `global x` into `pass`.
+        self.local.append(None if self.dry else self._locals_of(len(self.scopes) - 1))
         try:
             self.generic_visit(node)
         finally:
             self.local.pop()
+            self.scopes.pop()
         return node
+
+    def _locals_of(self, i: int) -> set[str]:
+        """Names of interest bound locally in scope i (or in a scope around it)."""
+        node, args = self.scopes[i]
+        declared = {n for g in _own_nodes(node, ast.Global) for n in g.names}
+        bound = _bound_names(node, args) - declared
+        inherited = self._local(i - 1) if i else set()
+        return (inherited | bound) & self.names
+
+    def _local(self, i: int) -> set[str]:
+        if self.local[i] is None:
+            self.local[i] = self._locals_of(i)
+        return self.local[i]
 
     def visit_FunctionDef(self, node):
         return self._scope(node, node.args)
@@ -227,9 +243,9 @@ class _Redirect(ast.NodeTransformer):
             else ast.copy_location(ast.Pass(), node)
 
     def visit_Name(self, node: ast.Name) -> ast.AST:
-        if self.dry and not self.local:
-            return node  # module or class level: not inside a def
-        if node.id in self.names and node.id not in (self.local[-1] if self.local else ()):
+        if node.id not in self.names or (self.dry and not self.local):
+            return node  # (module or class level: not inside a def)
+        if not self.local or node.id not in self._local(len(self.local) - 1):
             self.count += 1
             self.lines.add(node.lineno)
             return node if self.dry else ast.copy_location(self._slot(node.id, node.ctx), node)

@@ -200,7 +200,8 @@ def test_every_public_function_is_checked():
     ((1, 2), {}, TypeError),
     ((), {"active": 1, "extra": 2}, TypeError),
     ((), {"activ": True}, TypeError),
-    ((type("Bad", (), {"__bool__": lambda self: 1 / 0})(),), {}, ZeroDivisionError),
+    ((type("Bad", (), {"__index__": lambda self: 1 / 0})(),), {}, ZeroDivisionError),
+    ((type("Truthy", (), {"__bool__": lambda self: True})(),), {}, TypeError),  # not an int
 ])
 def test_fx_tracing_rejects_bad_arguments(args, kwargs, error):
     with pytest.raises(error):

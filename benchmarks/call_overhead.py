@@ -9,8 +9,8 @@ claims).  Two modes:
   a copy of its module's globals, taken before install()); fxguard's C
   readers; the same while another thread is tracing; the block-mask lock's
   uncontended cycle against threading.Lock.
-- ``--mechanism``: no torch.  The same machinery (per_thread.Planner, the C
-  Reader, patches) applied to plain one-line readers of a throwaway module,
+- ``--mechanism``: no torch.  The same machinery (per_thread_globals.Planner,
+  the C Reader, originals) applied to plain one-line readers of a throwaway module,
   so the *mechanism* can be measured on Pythons without a torch wheel.  These
   are not torch figures.
 
@@ -34,8 +34,9 @@ import timeit
 import types
 
 import fxguard
-from fxguard import _core, patches
-from fxguard.per_thread import FastReader, PerThread, Planner
+from fxguard import _core
+from fxguard.machinery import originals
+from fxguard.machinery.per_thread_globals import FastReader, PerThread, Planner
 
 N = 20_000
 REPEATS = 40  # best of many short runs; figures that are compared run interleaved (a busy machine drifts)
@@ -228,13 +229,13 @@ def patch_mechanism(module) -> None:
     planner.add(PerThread(module.__name__, "value", None, readers=(FastReader("get_value"),)))
     planner.add(PerThread(module.__name__, "other", None))
     for change in planner.changes("mechanism"):
-        patches.apply_patch(*change)
+        originals.apply(change)
     defaults, factories = planner.defaults()
     _core._configure(_core.MODE_PATCHED, defaults=defaults, factories=factories)
 
 
 def unpatch_mechanism() -> None:
-    patches.revert_all()
+    originals.revert_all()
     _core._configure(_core.MODE_OFF)
 
 

@@ -37,7 +37,7 @@ def clean_torch():
     fxguard.uninstall()
     import sys
     if "torch" in sys.modules:
-        from fxguard import races
+        from fxguard.demos import races
         races.reset_stock_leftovers()
 
 

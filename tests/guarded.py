@@ -6,8 +6,15 @@ def torch_races() -> bool:
     """Whether the installed torch keeps the FX-tracing flag process-wide."""
     from torch.fx import _symbolic_trace
 
-    from fxguard import plan
-    return plan.detect_layout(_symbolic_trace) == plan.MODULE_GLOBAL
+    from fxguard.torch_support import facts
+    return facts.detect_layout(_symbolic_trace) == facts.MODULE_GLOBAL
+
+
+def stock_loses_config() -> bool:
+    """Whether a stock thread starts without its starter's torch config (2.12+,
+    Python without thread_inherit_context)."""
+    from fxguard.torch_support import facts
+    return facts.config_is_per_thread() and not facts.python_inherits_context()
 
 
 def both_ways(races=torch_races):

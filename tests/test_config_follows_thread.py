@@ -14,13 +14,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch._dynamo.config as dyn
-from guarded import both_ways
+from guarded import both_ways, stock_loses_config
 
 import fxguard
-from fxguard import config_threads, patches
+from fxguard.demos import config_limit
+from fxguard.machinery import originals
+from fxguard.torch_support import config, facts
 
-stock_loses_config = config_threads.stock_threads_lose_config
-pytestmark = pytest.mark.skipif(not config_threads.config_is_per_thread(),
+pytestmark = pytest.mark.skipif(not facts.config_is_per_thread(),
                                 reason="torch <= 2.11 keeps config process-wide: nothing to follow")
 DEFAULT_LIMIT = getattr(dyn._config.get("recompile_limit"), "default", None)  # <= 2.5: none
 FAKE = "torch.testing._internal.fake_config_module"  # a real torch config module, for re-imports
@@ -54,7 +55,7 @@ def limit():
 @both_ways(races=stock_loses_config)
 def test_thread_compiles_as_many_graphs_as_its_starters_recompile_limit_allows(guard):
     before = dyn.recompile_limit
-    result = config_threads.recompile_limit_in_thread(limit=20, shapes=20)
+    result = config_limit.recompile_limit_in_thread(limit=20, shapes=20)
     assert dyn.recompile_limit == before  # the scenario restored the main thread's config
     assert result["graphs"] == 20, result["detail"]  # stock: 8, then uncompiled
     assert result["limit_seen"] == 20
@@ -140,7 +141,7 @@ def test_only_torch_config_contextvars_are_copied():
 
     def child():
         names = [var.name for var in contextvars.copy_context()]
-        foreign = [v for v in contextvars.copy_context() if v not in config_threads._vars]
+        foreign = [v for v in contextvars.copy_context() if v not in config._vars]
         return names, foreign, mine.get(), decimal.getcontext().prec, limit()
 
     mine.set("main")
@@ -152,7 +153,7 @@ def test_only_torch_config_contextvars_are_copied():
             names, foreign, user, prec, seen = in_thread(child)
     finally:
         decimal.getcontext().prec = saved
-    assert any(v not in config_threads._vars for v in main_vars)  # main has other vars to leave out
+    assert any(v not in config._vars for v in main_vars)  # main has other vars to leave out
     assert seen == 11 and "recompile_limit" in names
     assert foreign == [], [v.name for v in foreign]  # no caches, no ConfigPatch stack, no user vars
     assert user == "default" and prec == 28
@@ -173,12 +174,12 @@ def test_containers_are_copied_per_thread():
 def test_config_module_imported_after_install_is_registered_by_torch_itself():
     fxguard.install()
     in_thread(limit)  # the one scan after install() is done: only the hook can register now
-    assert not config_threads._scan_needed
+    assert not config._scan_needed
     old = sys.modules.pop(FAKE, None)
     try:
         fresh = importlib.import_module(FAKE)  # install_config_module converts it again
         assert fresh is not old
-        assert fresh._config["e_int"].user_override in config_threads._vars
+        assert fresh._config["e_int"].user_override in config._vars
         with fresh.patch(e_int=42):
             assert in_thread(lambda: fresh.e_int) == 42
     finally:
@@ -284,7 +285,8 @@ def test_uninstall_restores_threading_exactly():
     during = threading_state()
     assert same(during["thread_dict"], before["thread_dict"])  # same function objects...
     assert all(c is not c0 for (_, c), (_, c0) in zip(during["code"], before["code"]))  # ...new code
-    assert "__fxguard__" in during["threading"]
+    from fxguard.machinery.codegen import namespace_name
+    assert namespace_name(threading.Thread.start) in during["threading"]
     fxguard.uninstall()
     after = threading_state()
     for key in ("thread_dict", "threading", "config_module"):
@@ -309,16 +311,16 @@ def test_status_reasons(monkeypatch):
     assert threading.Thread.start.__code__ is plain
     fxguard.uninstall()
 
-    monkeypatch.setattr(config_threads, "python_inherits_context", lambda: True)
+    monkeypatch.setattr(facts, "python_inherits_context", lambda: True)
     assert row(fxguard.install())["reason"] == "not needed: Python inherits context"
     assert threading.Thread.start.__code__ is plain
     fxguard.uninstall()
     monkeypatch.undo()
 
-    monkeypatch.setattr(config_threads, "config_is_per_thread", lambda: False)
+    monkeypatch.setattr(facts, "config_is_per_thread", lambda: False)
     r = row(fxguard.install())
     assert r["reason"] == "not needed: config process-wide" and not r["patched"]
-    assert threading.Thread.start.__code__ is plain and not patches.is_object_patched(threading)
+    assert threading.Thread.start.__code__ is plain and not originals.is_object_patched(threading)
 
 
 def test_doctor_reports_the_row():

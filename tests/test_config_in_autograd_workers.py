@@ -13,13 +13,13 @@ import pytest
 import torch
 import torch._dynamo.config as dyn
 import torch._functorch.config as functorch_config
-from guarded import both_ways, run_together
+from guarded import both_ways, run_together, stock_loses_config
 
 import fxguard
-from fxguard import _core, config_threads
+from fxguard import _core
+from fxguard.torch_support import facts
 
-stock_loses_config = config_threads.stock_threads_lose_config
-pytestmark = pytest.mark.skipif(not config_threads.config_is_per_thread(),
+pytestmark = pytest.mark.skipif(not facts.config_is_per_thread(),
                                 reason="torch <= 2.11 keeps config process-wide: nothing to carry")
 
 @pytest.fixture

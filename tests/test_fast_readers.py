@@ -10,7 +10,9 @@ import weakref
 import pytest
 
 import fxguard
-from fxguard import _core, patches
+from fxguard import _core
+from fxguard.machinery import originals
+from fxguard.machinery.changes import Change
 
 vectorcall_only = pytest.mark.skipif(not _core.VECTORCALL_READERS,
                                      reason="this Python ignores a function's vectorcall (3.11)")
@@ -146,10 +148,10 @@ def test_reverting_a_code_patch_restores_the_function_version():
     for _ in range(2000):
         site()
     before = _core._function_version(f)
-    patch = patches.apply_patch("test", f, "__code__", (lambda: 2).__code__)
+    patch = originals.apply(Change("test", f, "__code__", (lambda: 2).__code__))
     assert site() == 2
-    patches.revert(patch)
-    patches._applied.remove(patch)
+    originals.revert(patch)
+    originals._applied.remove(patch)
     assert site() == 1 and _core._function_version(f) == before
 
 
@@ -171,7 +173,7 @@ def fast_readers():
     pytest.importorskip("torch")
     import importlib
 
-    from fxguard.plan import PER_THREAD
+    from fxguard.torch_support.rows import PER_THREAD
     for row in PER_THREAD:
         module = importlib.import_module(row.module)
         for name in dict.fromkeys(reader.name for reader in row.readers):

@@ -5,29 +5,30 @@ import types
 import pytest
 
 import fxguard
-from fxguard import patches
+from fxguard.machinery import originals
+from fxguard.machinery.changes import Change
 
 
 @pytest.fixture
 def owner():
     obj = types.SimpleNamespace(present="before")
     yield obj
-    patches.revert_all()
+    originals.revert_all()
 
 
 def test_the_first_recorded_value_is_the_original(owner):
-    patches.apply_patch("t", owner, "present", "first")
-    patches.apply_patch("t", owner, "present", "second")
+    originals.apply(Change("t", owner, "present", "first"))
+    originals.apply(Change("t", owner, "present", "second"))
     assert fxguard.get_original(owner, "present") == "before"
-    patches.revert_all()
+    originals.revert_all()
     assert owner.present == "before"
 
 
 def test_an_attribute_fxguard_added_had_no_original(owner):
-    patches.apply_patch("t", owner, "added", 1)
+    originals.apply(Change("t", owner, "added", 1))
     with pytest.raises(AttributeError, match="no attribute 'added' before fxguard"):
         fxguard.get_original(owner, "added")
-    patches.revert_all()
+    originals.revert_all()
     assert not hasattr(owner, "added")
 
 
@@ -47,11 +48,13 @@ def test_after_install():
     status = fxguard.install()
     assert flex.create_block_mask.__code__ is not code
     assert fxguard.get_original(flex.create_block_mask, "__code__") is code
+    from fxguard.machinery.codegen import namespace_name
+    helper = namespace_name(flex.create_block_mask)
     with pytest.raises(AttributeError):
-        fxguard.get_original(flex, "__fxguard__")  # the helper fxguard added
+        fxguard.get_original(flex, helper)  # the namespace fxguard added
     if status["mode"] == "patched":
         assert fxguard.get_original(_symbolic_trace, "_is_fx_tracing_flag") is False
-    assert "original" not in vars(vars(flex)["__fxguard__"])  # one record: patches'
+    assert "original" not in vars(vars(flex)[helper])  # one record: originals'
     mask = fxguard.create_block_mask(lambda b, h, q, kv: q >= kv, None, None, 4, 4,
                                      device="cpu", BLOCK_SIZE=4)
     assert mask is not None and not fxguard.block_mask_lock.locked()

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from fxguard import shared_gpu
+from fxguard.demos import shared_gpu
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

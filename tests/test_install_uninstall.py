@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import fxguard
-from fxguard import patches
+from fxguard.machinery import originals
 
 
 TOUCHED = ("torch.fx._symbolic_trace", "torch.compiler", "torch.fx.traceback",
@@ -21,7 +21,7 @@ def snapshot():
 
     import torch._functorch.config as fconfig
 
-    from fxguard.per_thread import functions_in
+    from fxguard.machinery.per_thread_globals import functions_in
     modules = [importlib.import_module(m) for m in TOUCHED]
     return {
         "functions": [(f, f.__code__) for m in modules for f in functions_in(m)],
@@ -54,12 +54,12 @@ def test_uninstall_restores_identities_and_code():
 
 def test_install_twice_and_uninstall_twice():
     first = fxguard.install()
-    applied = patches.applied()
+    applied = originals.applied()
     assert fxguard.install() == first
-    assert patches.applied() == applied  # nothing applied twice
+    assert originals.applied() == applied  # nothing applied twice
     fxguard.uninstall()
     fxguard.uninstall()
-    assert patches.applied() == ()
+    assert originals.applied() == ()
 
 
 def test_uninstall_without_install_changes_nothing():
@@ -97,7 +97,7 @@ def test_non_bool_option_is_a_type_error_before_anything_changes(value):
 def test_preview_changes_nothing_and_says_what_install_does():
     before = snapshot()
     preview = fxguard.preview(eager_backward=False)
-    assert snapshot() == before and not fxguard.is_installed() and patches.applied() == ()
+    assert snapshot() == before and not fxguard.is_installed() and originals.applied() == ()
     assert preview["preview"] is True
     installed = fxguard.install(eager_backward=False)
     keys = ("mode", "layout", "options", "patch_points", "autograd_workers")
@@ -116,7 +116,7 @@ def test_unknown_layout_raises_and_leaves_torch_untouched(monkeypatch):
     before = snapshot()
     with pytest.raises(fxguard.UnsupportedTorchError, match="_is_fx_tracing_flag"):
         fxguard.install()
-    assert snapshot() == before and patches.applied() == ()
+    assert snapshot() == before and originals.applied() == ()
 
 
 def test_missing_optional_patch_point_is_reported_not_refused(monkeypatch):
@@ -141,12 +141,12 @@ def test_unreadable_source_of_the_flag_module_raises_and_changes_nothing(monkeyp
     before = snapshot()
     with pytest.raises(fxguard.UnsupportedTorchError, match="no source"):
         fxguard.install()
-    assert snapshot() == before and patches.applied() == ()
+    assert snapshot() == before and originals.applied() == ()
 
 
 def test_failure_while_applying_rolls_back(monkeypatch):
     before = snapshot()
-    real_apply = patches.apply_patch
+    real_apply = originals.apply
     calls = []
 
     def apply_then_fail(*args):
@@ -155,10 +155,10 @@ def test_failure_while_applying_rolls_back(monkeypatch):
             raise RuntimeError("injected failure")
         return real_apply(*args)
 
-    monkeypatch.setattr(patches, "apply_patch", apply_then_fail)
+    monkeypatch.setattr(originals, "apply", apply_then_fail)
     with pytest.raises(RuntimeError, match="injected"):
         fxguard.install()
-    assert snapshot() == before and patches.applied() == () and not fxguard.is_installed()
+    assert snapshot() == before and originals.applied() == () and not fxguard.is_installed()
 
 
 def test_uninstall_refuses_while_a_thread_traces():

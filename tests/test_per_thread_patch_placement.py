@@ -9,7 +9,8 @@ import threading
 
 import pytest
 
-from fxguard import _core, per_thread_patch
+from fxguard import _core
+from fxguard.machinery import per_thread_patching
 
 
 def original():
@@ -44,13 +45,13 @@ class PausingRegistry(dict):
 @pytest.fixture
 def registry(monkeypatch):
     reg = PausingRegistry("reader")
-    monkeypatch.setattr(per_thread_patch, "_dispatchers", reg)
+    monkeypatch.setattr(per_thread_patching, "_dispatchers", reg)
     return reg
 
 
 def test_a_stale_lookup_never_hands_out_the_dispatch(registry):
     module_globals = {"fn": original}
-    view = per_thread_patch.view(module_globals)
+    view = per_thread_patching.view(module_globals)
     view["fn"] = tracer_a                  # main traces: first Dispatch placed
     first = module_globals["fn"]
     assert isinstance(first, _core.Dispatch)
@@ -59,9 +60,9 @@ def test_a_stale_lookup_never_hands_out_the_dispatch(registry):
 
     def reader():  # a Tracer in another thread: save what is there, later put it back
         try:
-            saved = per_thread_patch.view(module_globals)["fn"]
+            saved = per_thread_patching.view(module_globals)["fn"]
             seen.append(saved)
-            per_thread_patch.view(module_globals)["fn"] = saved
+            per_thread_patching.view(module_globals)["fn"] = saved
             wrote_back.append(module_globals["fn"]())
         except BaseException as e:
             errors.append(e)

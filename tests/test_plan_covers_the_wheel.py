@@ -9,7 +9,7 @@ import os
 
 import torch
 
-from fxguard import plan
+from fxguard.torch_support import rows
 
 ROOT = os.path.dirname(torch.__file__)
 
@@ -39,7 +39,7 @@ def attribute_writes(name: str):
 
 def test_every_attribute_writer_of_a_per_thread_global_is_listed():
     unlisted = []
-    for row in plan.PER_THREAD:
+    for row in rows.PER_THREAD:
         listed = {w.rsplit(".", 1)[1] for w in row.writers + row.or_writers}
         for path, line, fn in attribute_writes(row.name):
             if fn not in listed:

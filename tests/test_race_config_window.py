@@ -13,7 +13,11 @@ import torch
 from guarded import both_ways, run_together
 from torch._higher_order_ops.utils import _set_compilation_env
 
-from fxguard.plan import config_is_process_global
+from fxguard.torch_support import facts
+
+
+def config_is_process_global() -> bool:
+    return not facts.config_is_per_thread()
 
 WINDOW_HOLD = 1.0  # how long the window waits for the other compile before closing
 # What the window sets on this torch: both on 2.9+, allow_empty_graphs on 2.7/2.8, none before.
@@ -22,7 +26,7 @@ SET = [name for name in ("capture_scalar_outputs", "allow_empty_graphs")
 pytestmark = pytest.mark.skipif(not SET, reason="this torch's window sets no dynamo config")
 
 
-@both_ways(races=config_is_process_global)  # torch 2.13 keeps config per thread
+@both_ways(races=config_is_process_global)  # torch >= 2.12 keeps config per thread
 def test_no_compile_of_another_thread_inside_the_config_window(guard):
     before = (torch._dynamo.config.capture_scalar_outputs, torch._dynamo.config.allow_empty_graphs)
     in_window, compiled, seen = threading.Event(), threading.Event(), []

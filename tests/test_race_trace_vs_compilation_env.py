@@ -3,7 +3,7 @@ import threading
 
 from guarded import both_ways
 
-from fxguard import races
+from fxguard.demos import races
 
 
 @both_ways()

@@ -1,7 +1,7 @@
 """Race (a): a compiled call on one thread while another thread is inside symbolic_trace."""
 from guarded import both_ways
 
-from fxguard import races
+from fxguard.demos import races
 
 
 @both_ways()

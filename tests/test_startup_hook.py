@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import fxguard
-from fxguard import patches, startup
+from fxguard import startup
+from fxguard.machinery import originals
 
 PTH = os.path.join(os.path.dirname(fxguard.__file__), os.pardir, "fxguard-startup.pth")
 
@@ -85,7 +86,7 @@ def test_unknown_torch_from_env_warns_and_runs_unpatched(monkeypatch, caplog):
     monkeypatch.setitem(vars(torch.fx._symbolic_trace), "_is_fx_tracing_flag", 0)
     with caplog.at_level(logging.WARNING, logger="fxguard"):
         assert startup.install_from_env({"FXGUARD": "1"}) is False
-    assert not fxguard.is_installed() and patches.applied() == ()
+    assert not fxguard.is_installed() and originals.applied() == ()
     [record] = caplog.records
     assert record.levelname == "WARNING" and "does not know this torch" in record.message
     with pytest.raises(fxguard.UnsupportedTorchError):  # a direct install() still raises

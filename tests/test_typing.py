@@ -1,12 +1,12 @@
 """Introspection: _core.pyi says what the C module has, every C function and
-method has a text signature, install()'s keywords are plan.OPTIONS."""
+method has a text signature, install()'s keywords are the rows' OPTIONS."""
 import ast
 import inspect
 import os
 
 import fxguard
 from fxguard import _core
-from fxguard.plan import OPTIONS
+from fxguard.torch_support.rows import OPTIONS
 
 STUB = os.path.join(os.path.dirname(fxguard.__file__), "_core.pyi")
 

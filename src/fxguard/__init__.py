@@ -1,4 +1,4 @@
-"""fxguard: per-thread FX-tracing state for PyTorch.
+"""fxguard: per-thread trace state for PyTorch.
 
     import fxguard
     fxguard.install()     # before or after torch.compile: identities are kept
@@ -7,277 +7,28 @@
 """
 from __future__ import annotations
 
-import logging
-import os
-import sys
-import threading
 from typing import Any
 
-from . import _core, patches
 from ._core import RLock, block_mask_lock, fx_tracing, is_fx_symbolic_tracing, is_fx_tracing
-from .config_threads import ConfigSnapshot, config_snapshot
-from .plan import OPTIONS, UnsupportedTorchError
+from ._install import __version__, install, is_installed, preview, status, uninstall
+from .machinery.originals import get_original, is_object_patched
+from .torch_support.config import ConfigSnapshot, config_snapshot
+from .torch_support.facts import UnsupportedTorchError
 
 __all__ = [
-    "install", "uninstall", "is_installed", "status", "preview", "is_fx_tracing", "is_fx_symbolic_tracing",
-    "fx_tracing", "block_mask_lock", "create_block_mask", "RLock", "UnsupportedTorchError",
-    "get_original", "is_object_patched", "config_snapshot", "ConfigSnapshot",
+    "install", "uninstall", "is_installed", "status", "preview", "is_fx_tracing",
+    "is_fx_symbolic_tracing", "fx_tracing", "block_mask_lock", "create_block_mask", "RLock",
+    "UnsupportedTorchError", "get_original", "is_object_patched", "config_snapshot",
+    "ConfigSnapshot", "__version__",
 ]
-__version__ = "0.1.0"
-
-_MODES = {_core.MODE_OFF: "not-installed", _core.MODE_PATCHED: "patched",
-          _core.MODE_UPSTREAM: "upstream-thread-local"}
-log = logging.getLogger("fxguard")  # INFO: what install() did; WARNING: rows it stood down
-_lock = threading.Lock()      # install/uninstall are rare: a plain lock suffices
-_installed: dict[str, Any] | None = None  # layout, options, rows, workers while installed
-
-get_original = patches.get_original
-is_object_patched = patches.is_object_patched
-
-# Fork: the C core resets every fxguard.RLock in the child (rlock.c), so a lock
-# held by a thread that the child does not have is free there; and only the
-# forking thread's FX flag counts as a trace in progress there (uninstall()).
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_core._after_fork_in_child)
-
-
-def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
-            eager_backward: bool = True, config_follows_thread: bool = True) -> dict:
-    """Make torch's trace state per-thread.  Idempotent; returns status().
-
-    Every option is keyword-only and True or False (anything else: TypeError):
-
-    - ``block_mask_lock``: torch's eager ``create_block_mask`` holds
-      ``fxguard.block_mask_lock`` (never across a compile);
-    - ``config_window_lock``: where dynamo config is process-wide (torch <= 2.11),
-      the config that eager flex_attention's compilation window sets stays in
-      the thread inside the window;
-    - ``eager_backward``: backward graphs are compiled with the forward, which
-      removes the shared-GPU deadlock between compiles and the autograd worker;
-    - ``config_follows_thread``: a new thread starts with a copy of its
-      starter's torch config overrides (see ``config_snapshot()``).
-
-    Raises UnsupportedTorchError, leaving torch untouched, on a torch whose
-    layout fxguard does not know.  Logs what it did on the "fxguard" logger.
-    What it computes from torch's source is cached on disk (README, "Install
-    cost"), so a later process installs in a fraction of the time.
-    """
-    global _installed
-    chosen = _chosen(block_mask_lock=block_mask_lock, config_window_lock=config_window_lock,
-                     eager_backward=eager_backward, config_follows_thread=config_follows_thread)
-    # install() is where torch gets imported, outside the lock: with FXGUARD=1 the
-    # start-up hook installs as torch finishes importing, in this very thread.
-    import torch  # noqa: F401
-    from torch.fx import _symbolic_trace
-    with _lock:
-        if _installed is not None:
-            if _installed["options"] == chosen:
-                return status()
-            _uninstall_locked()
-
-        from . import code_cache, plan
-        with code_cache.session():
-            layout = plan.detect_layout(_symbolic_trace)
-            prepared = plan.prepare(layout, chosen)  # raises before touching torch
-        try:
-            for change in prepared.changes:
-                patches.apply_patch(*change)
-            workers = _configure_core(layout, prepared.defaults, carry_context=any(
-                row["what"] == "record before backward" and row["patched"]
-                for row in prepared.rows))
-            for module, name, value in prepared.initial:  # this thread keeps what it had
-                setattr(vars(module)["__fxguard_tls__"], name, value)
-            if workers.startswith("per-thread state carried"):  # records go to torch TLS
-                _wait_for_exiting_threads_at_exit()
-        except BaseException:
-            patches.revert_all()
-            _core._configure(_core.MODE_OFF)
-            raise
-        _installed = {"layout": layout, "options": chosen, "rows": prepared.rows,
-                      "workers": workers, "code_cache": dict(code_cache.last)}
-        _log_installed(status())
-        return status()
-
-
-def _chosen(who: str = "install", **options: Any) -> dict[str, bool]:
-    """Every option, checked: unknown names and non-bools are TypeErrors."""
-    unknown = sorted(set(options) - set(OPTIONS))
-    if unknown:
-        raise TypeError(f"{who}() got an unexpected keyword argument {unknown[0]!r}")
-    chosen = {name: options.get(name, True) for name in OPTIONS}
-    for name, value in chosen.items():
-        if type(value) is not bool:  # 1, 0.0, "no", numpy.bool_: say so, do not guess
-            raise TypeError(f"{who}(): {name} must be True or False, not {value!r}")
-    return chosen
-
-
-def _log_installed(info: dict) -> None:
-    rows = info["patch_points"]
-    patched = [f"{r['what']} {r['where']}" for r in rows if r["patched"]]
-    log.info("fxguard %s installed on torch %s (%s): patched %s", info["fxguard"],
-             info["torch"], info["mode"], "; ".join(patched) or "nothing")
-    for r in rows:
-        if str(r.get("reason", "")).startswith("not covered"):
-            log.warning("fxguard stood down for %s %s: %s", r["what"], r["where"], r["reason"])
-
-
-_exit_wait_registered = False
-
-
-def _wait_for_exiting_threads_at_exit() -> None:
-    """A thread that ends just before the process does destroys its C++
-    thread-locals (holding its stashed record) while the interpreter
-    finalizes, and torch's decref there aborts the process ("terminate called
-    without an active exception"; seen on torch 2.11 and 2.13).  An exit handler, which runs after threading
-    joined its threads and before finalization, waits (up to 2 s, GIL
-    released) until they have let go."""
-    global _exit_wait_registered
-    if not _exit_wait_registered:
-        import atexit
-        atexit.register(_core._await_thread_exits, 2.0)
-        _exit_wait_registered = True
-
-
-def _core_hooks(layout: str) -> tuple[int, dict[str, Any]]:
-    """The C core's mode for this layout, and the torch functions it may call."""
-    import torch
-    from torch.fx import _symbolic_trace
-
-    from .plan import UPSTREAM
-    hooks = {"is_compiling": torch.compiler.is_compiling}
-    # torch carries these Python objects into autograd worker threads.
-    for hook, name in (("tls_stash", "_stash_obj_in_tls"), ("tls_has", "_is_key_in_tls"),
-                       ("tls_get", "_get_obj_in_tls")):
-        hooks[hook] = getattr(torch._C, name, None)
-    if layout != UPSTREAM:
-        return _core.MODE_PATCHED, hooks
-    hooks.update(upstream_get=_symbolic_trace._get_is_fx_tracing,
-                 upstream_set=_symbolic_trace._set_is_fx_tracing)
-    return _core.MODE_UPSTREAM, hooks
-
-
-def _workers(mode: int, hooks: dict[str, Any]) -> str:
-    """How autograd workers get the per-thread state."""
-    if None in (hooks["tls_stash"], hooks["tls_has"], hooks["tls_get"]):
-        return "not carried (this torch lacks _stash_obj_in_tls and friends)"
-    carried = "per-thread state carried via torch._C._stash_obj_in_tls"
-    if mode == _core.MODE_UPSTREAM:
-        carried += "; torch's own FX flag (threading.local) is not carried"
-    return carried
-
-
-def _configure_core(layout: str, defaults: tuple[tuple, tuple], carry_context: bool) -> str:
-    """Hand the C core the slot layout and the torch functions it may call;
-    says how autograd workers get the state."""
-    mode, hooks = _core_hooks(layout)
-    _core._configure(mode, defaults=defaults[0], factories=defaults[1],
-                     carry_context=carry_context, **hooks)
-    return _workers(mode, hooks)
-
-
-def preview(**options: bool) -> dict:
-    """What ``install(**options)`` would do on the installed torch, computed
-    without changing anything: status()'s keys, with ``mode`` the one install()
-    would set, and ``"preview": True``.  Where fxguard is installed: status().
-    Imports torch; raises what install() would (UnsupportedTorchError, TypeError)."""
-    chosen = _chosen("preview", **options)
-    import torch  # noqa: F401  (outside the lock: see install())
-    from torch.fx import _symbolic_trace
-    with _lock:
-        if _installed is not None:
-            return {**status(), "preview": False}
-        from . import code_cache, plan
-        with code_cache.session():
-            layout = plan.detect_layout(_symbolic_trace)
-            prepared = plan.prepare(layout, chosen)
-    mode, hooks = _core_hooks(layout)
-    return {**status(), "mode": _MODES[mode], "layout": layout, "options": chosen,
-            "patch_points": prepared.rows, "autograd_workers": _workers(mode, hooks),
-            "code_cache": dict(code_cache.last), "preview": True,
-            "note": "what install() would do on this torch; nothing was changed"}
-
-
-def uninstall() -> None:
-    """Restore torch exactly as it was: same objects, same code, same module attributes.
-
-    Idempotent.  Raises RuntimeError (and changes nothing) while a thread is
-    inside an FX trace, since that trace's code is the patched code.
-    """
-    with _lock:
-        _uninstall_locked()
-
-
-def _uninstall_locked() -> None:
-    global _installed
-    if _installed is None:
-        return
-    busy = _core._tracing_records()
-    if busy and _core._mode() == _core.MODE_PATCHED:
-        raise RuntimeError(f"fxguard.uninstall(): {busy} thread(s) are inside an FX trace; "
-                           "uninstall after they finish")
-    patches.revert_all()
-    _core._configure(_core.MODE_OFF)
-    _installed = None
-
-
-def is_installed() -> bool:
-    return _installed is not None
-
-
-def status() -> dict:
-    """Torch version, mode, and each row of the plan with its reason
-    (``patched``, ``option off``, ``not needed: ...``, ``not available on
-    this torch``, ``not covered: ...``)."""
-    torch = sys.modules.get("torch")
-    info: dict[str, Any] = {
-        "fxguard": __version__,
-        "torch": getattr(torch, "__version__", None),
-        "python": sys.version.split()[0],
-        "mode": _MODES[_core._mode()],
-        "layout": None,
-        "options": None,
-        "patch_points": [],
-        "autograd_workers": None,
-        "code_cache": None,
-    }
-    if _installed is not None:
-        info.update(layout=_installed["layout"], options=dict(_installed["options"]),
-                    patch_points=[dict(r) for r in _installed["rows"]],
-                    autograd_workers=_installed["workers"], code_cache=_installed["code_cache"])
-    return info
-
-
-def _make_create_block_mask() -> Any:
-    """fxguard.create_block_mask: torch's, holding block_mask_lock unless
-    ``_compile=True`` (a compile must never hold it: a new shape compiles, and
-    every thread's masks would queue behind that compile).  It carries torch's
-    signature and docstring (``__wrapped__``), which vary between releases, so
-    it is made on first access, which imports torch."""
-    import functools
-    import inspect
-
-    from torch.nn.attention import flex_attention as flex
-    stock = flex.create_block_mask
-    names = list(inspect.signature(stock).parameters)
-    at = names.index("_compile") if "_compile" in names else None
-
-    @functools.wraps(stock)
-    def create_block_mask(*args: Any, **kwargs: Any) -> Any:
-        compiles = kwargs.get("_compile", args[at] if at is not None and len(args) > at else False)
-        if compiles:
-            return flex.create_block_mask(*args, **kwargs)
-        with block_mask_lock:  # re-entrant: install()'s wrapper takes it again, cheaply
-            return flex.create_block_mask(*args, **kwargs)
-
-    create_block_mask.__module__ = __name__
-    create_block_mask.__doc__ = ("fxguard: torch's create_block_mask, holding fxguard.block_mask_lock "
-                                 "unless _compile=True.\n\n" + (stock.__doc__ or ""))
-    return create_block_mask
 
 
 def __getattr__(name: str) -> Any:
+    # create_block_mask carries torch's signature, so it is made (importing
+    # torch) on first access.
     if name == "create_block_mask":
-        made = globals()["create_block_mask"] = _make_create_block_mask()
+        from ._install import make_create_block_mask
+        made = globals()["create_block_mask"] = make_create_block_mask()
         return made
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

@@ -91,7 +91,9 @@ def run(argv: list[str]) -> int:
     rest = argv[target_at:]
     if args.module is None and not rest:
         parser.error("give a script or -m module")
-    from .startup import install_when_torch_imported, parse_options
+    import _fxguard_startup  # the FXGUARD=1 hook: install right after the target imports torch
+
+    from .startup import install_from_env, parse_options
     if args.options is not None:
         try:
             parse_options(args.options)
@@ -99,7 +101,7 @@ def run(argv: list[str]) -> int:
             parser.error(f"--options: {e}")
         os.environ["FXGUARD_OPTIONS"] = args.options  # children inherit these
     os.environ["FXGUARD"] = "1"
-    install_when_torch_imported()
+    _fxguard_startup.after_import("torch", lambda torch: install_from_env())
     if args.module is not None:
         run_module(args.module, rest)
     else:

@@ -20,7 +20,8 @@ from typing import Iterator
 
 import fxguard
 
-from . import config_threads, races
+from .demos import DEMOS, races
+from .torch_support import facts
 
 # Warnings the probes cause on purpose, or that say nothing about fxguard:
 # (pattern, why it is expected).
@@ -34,33 +35,22 @@ EXPECTED = (
 
 
 def run_races() -> list[dict]:
+    """Every demo that applies here, on stock torch, then with fxguard installed."""
     fxguard.uninstall()
-    # Only where torch keeps config per thread (2.12+): elsewhere there is nothing to follow.
-    per_thread = config_threads.config_is_per_thread()
-    config_stock = config_threads.recompile_limit_in_thread() if per_thread else None  # resets dynamo
-    compiled = races.make_compiled()  # created before install(), like users' code
-    rows = []
-    for race in races.RACES:
-        kwargs = {"compiled": compiled} if race is races.trace_vs_compiled_call else {}
-        off = race(**kwargs)
+    found = facts.detect()
+    chosen = [demo for demo in DEMOS if demo.applies(found)]
+    rows, states = [], []
+    for demo in chosen:
+        states.append(demo.setup() if demo.setup else None)
+        stock = demo.run(states[-1])
         races.reset_stock_leftovers()
-        rows.append({"race": off.name, "doc": race.__doc__.strip().splitlines()[0],
-                     "affected": off.raced, "stock": off.detail})
+        rows.append({"race": stock.name, "doc": demo.doc, "affected": stock.raced,
+                     "stock": stock.detail})
     fxguard.install()
-    for row, race in zip(rows, races.RACES):
-        kwargs = {"compiled": compiled} if race is races.trace_vs_compiled_call else {}
-        on = race(**kwargs)
-        row.update(fixed=not on.raced, with_fxguard=on.detail)
-    if per_thread:
-        rows.append(config_row(config_stock, config_threads.recompile_limit_in_thread()))
+    for row, demo, state in zip(rows, chosen, states):
+        guarded = demo.run(state)
+        row.update(fixed=not guarded.raced, with_fxguard=guarded.detail)
     return rows
-
-
-def config_row(stock: dict, with_fxguard: dict) -> dict:
-    """Main sets recompile_limit 20; a thread compiles 20 shapes (config_threads)."""
-    return {"race": "config-follows-thread", "doc": config_row.__doc__.splitlines()[0],
-            "affected": stock["lost"], "stock": stock["detail"],
-            "fixed": not with_fxguard["lost"], "with_fxguard": with_fxguard["detail"]}
 
 
 def probe_shared_gpu() -> dict | None:
@@ -68,7 +58,7 @@ def probe_shared_gpu() -> dict | None:
     import torch
     if not torch.cuda.is_available():
         return None
-    from . import shared_gpu
+    from .demos import shared_gpu
     return {"stock": shared_gpu.probe(install=False), "fxguard": shared_gpu.probe(install=True)}
 
 

@@ -14,9 +14,7 @@ import logging
 import os
 from typing import Mapping
 
-import _fxguard_startup
-
-from .plan import OPTIONS
+from .torch_support.rows import OPTIONS
 
 log = logging.getLogger("fxguard")
 
@@ -61,12 +59,6 @@ def install_from_env(environ: Mapping[str, str] = os.environ) -> bool:
                     exc_info=True)
         return False
     return True
-
-
-def install_when_torch_imported() -> None:
-    """What the start-up hook does: install_from_env() right after torch
-    finishes importing (at once if it has)."""
-    _fxguard_startup.after_import("torch", lambda torch: install_from_env())
 
 
 def _in_compile_worker() -> bool:

@@ -4,14 +4,14 @@ made to patch only the calling thread.  Machinery: knows no torch names.
 A ``Patching`` row names the functions through which a library patches class
 attributes and module globals for the whole process, and the expressions
 naming the patched dict or class in them (``frame_dict``, ``cls``).
-``plan()`` computes, without changing anything:
+``plan()`` computes the changes, without changing anything:
 
 1. each such function is recompiled from source (``rewrite.view_containers``)
    so that its item, membership and attribute operations on those containers
    go through ``view(container)``: reads see the calling thread's values,
    writes set only the calling thread's;
 2. a write puts a ``_core.Dispatch`` where the function lived (recorded in
-   ``patches``); it runs the calling thread's value, or the original.  It
+   ``originals``); it runs the calling thread's value, or the original.  It
    stays while some thread patches that target, and the original comes back
    when the last one stops, so code that inspects the container (dynamo on
    ``math.sqrt``) sees stock torch while nobody traces.  Listed targets
@@ -32,12 +32,13 @@ import types
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from . import _core, patches, rewrite
-from .patches import MISSING
-from .per_thread import NotCovered, functions_in
+from .. import _core
+from . import codegen, originals, rewrite
+from .changes import Change, NotCovered, Outcome
+from .originals import MISSING
+from .per_thread_globals import functions_in
 
-VIEW = "__fxguard_view__"              # the view function, in the rewritten functions' module
-TRAMPOLINE = "__fxguard_dispatch__"    # where -> Dispatch, in a kept function's module
+VIEW = codegen.VIEW  # the view function, in the rewritten functions' module
 LABEL = "per-thread patching"
 
 
@@ -60,7 +61,7 @@ class Entry(NamedTuple):
     container: object  # the class, module or dict
     held: object       # what it holds while dispatched: the Dispatch, or the kept function
     dispatch: Any      # _core.Dispatch
-    patch: Any         # the patches.Patch that placed it while threads patch it; None if for good
+    patch: Any         # the originals.Patch that placed it while threads patch it; None if for good
 
 
 # (id(container), name) -> Entry, replaced as a whole by install() and uninstall().
@@ -207,7 +208,7 @@ def _dispatch_from_now_on(container: object, name: str) -> Entry:
     # original in the container, so the entry is made before the patch...
     key = (id(container), name)
     _dispatchers[key] = Entry(container, d, d, None)
-    patch = patches.apply_patch(LABEL, container, name, d)
+    patch = originals.apply(Change(LABEL, container, name, d))
     entry = _dispatchers[key] = Entry(container, d, d, patch)
     return entry
 
@@ -217,7 +218,7 @@ def _maybe_withdraw(entry: Entry, name: str) -> None:
     which looks at the container (dynamo, on math.* or a wrapped global)
     sees what stock torch shows when nobody traces."""
     if entry.patch is not None and entry.dispatch.overriding == 0:
-        patches.undo(entry.patch)  # ...and removed after the original is back
+        originals.undo(entry.patch)  # ...and removed after the original is back
         del _dispatchers[(id(entry.container), name)]
 
 
@@ -245,13 +246,13 @@ class ClassState:
     factory: Any                # () -> a fresh value
 
 
-def plan_class_state(row: ClassState) -> tuple[list[tuple[str, object, str, Any]], str]:
+def plan_class_state(row: ClassState) -> tuple[list[Change], Outcome]:
     try:
-        owner, name, _ = patches.resolve_path(row.where)
+        owner, name, _ = originals.resolve_path(row.where)
     except (ImportError, AttributeError):
-        return [], "not available on this torch"
+        return [], Outcome.NOT_AVAILABLE
     if not isinstance(owner, type) or name not in vars(owner):
-        return [], "not available on this torch"
+        return [], Outcome.NOT_AVAILABLE
     local = threading.local()
 
     def per_thread(_self: Any) -> Any:
@@ -261,19 +262,20 @@ def plan_class_state(row: ClassState) -> tuple[list[tuple[str, object, str, Any]
             local.value = row.factory()
             return local.value
 
-    return [(LABEL, owner, name, property(per_thread, doc=f"per-thread {name} (fxguard)"))], "patched"
+    return [Change(LABEL, owner, name, property(per_thread, doc=f"per-thread {name} (fxguard)"))], \
+        Outcome.PATCHED
 
 
 # -- planning ------------------------------------------------------------------
 
-def plan(spec: Patching) -> tuple[list[tuple[str, object, str, Any]], str]:
+def plan(spec: Patching) -> tuple[list[Change], Outcome]:
     """The changes for one row, and its status reason; changes nothing.
     Raises NotCovered if a listed function no longer patches its containers."""
     module = importlib.import_module(spec.module)
     found = {fn.__qualname__: fn for fn in functions_in(module)}
     if any(q not in found for q in spec.functions):
-        return [], "not available on this torch"
-    changes: list[tuple[str, object, str, Any]] = [(LABEL, module, VIEW, view)]
+        return [], Outcome.NOT_AVAILABLE
+    changes = [Change(LABEL, module, VIEW, view)]
     for qualname in spec.functions:
         try:
             code, count = rewrite.view_containers(found[qualname], spec.containers, VIEW)
@@ -281,11 +283,11 @@ def plan(spec: Patching) -> tuple[list[tuple[str, object, str, Any]], str]:
             raise NotCovered(str(e)) from None
         if count == 0:
             raise NotCovered(f"{qualname} no longer patches {' or '.join(spec.containers)}")
-        changes.append((LABEL, found[qualname], "__code__", code))
+        changes.append(Change(LABEL, found[qualname], "__code__", code))
     registry: dict[tuple[int, str], Entry] = {}
     kept = dict(spec.keep_identity)
     for where in spec.up_front:
-        owner, name, _ = patches.resolve_path(where)
+        owner, name, _ = originals.resolve_path(where)
         original = _raw(owner, name)
         if where in kept:
             changes += _keep_identity(where, owner, name, original, kept[where], registry)
@@ -293,26 +295,26 @@ def plan(spec: Patching) -> tuple[list[tuple[str, object, str, Any]], str]:
             d = _core.Dispatch(original, _callee(owner, name, original),
                                method=isinstance(owner, type))
             registry[(id(owner), name)] = Entry(owner, d, d, None)
-            changes.append((LABEL, owner, name, d))
-    changes.append((LABEL, _this_module(), "_dispatchers", registry))
-    return changes, "patched"
+            changes.append(Change(LABEL, owner, name, d))
+    changes.append(Change(LABEL, _this_module(), "_dispatchers", registry))
+    return changes, Outcome.PATCHED
 
 
 def _keep_identity(where: str, owner: object, name: str, fn: Any, callers: tuple[str, ...],
-                   registry: dict) -> list[tuple[str, object, str, Any]]:
+                   registry: dict) -> list[Change]:
+    """fn stays where it is; its code becomes a trampoline into the Dispatch
+    (its namespace), which runs a shadow with the original code."""
     if not isinstance(fn, types.FunctionType):
         raise NotCovered(f"{where} is not a plain function")
-    shadow = patches.shadow_function(fn)
+    shadow = codegen.shadow_function(fn)
     d = _core.Dispatch(fn, shadow, method=True)
     registry[(id(owner), name)] = Entry(owner, fn, d, None)
-    body = f"    return {TRAMPOLINE}[{where!r}]({{call}})\n"
-    changes = [(LABEL, fn.__globals__, TRAMPOLINE, {where: d}),
-               (LABEL, fn, "__code__", patches.wrapper_code(fn, body))]
+    changes = codegen.swap_code(LABEL, fn, "    return {ns}({call})\n", d)
     for path in callers:
-        holder, attr, current = patches.resolve_path(path)
+        holder, attr, current = originals.resolve_path(path)
         if current is not fn:
             raise NotCovered(f"{path} no longer holds {where}")
-        changes.append((LABEL, holder, attr, shadow))
+        changes.append(Change(LABEL, holder, attr, shadow))
     return changes
 
 

@@ -1,7 +1,7 @@
 """The shared-GPU deadlock between dynamo's compile_lock and the autograd worker.
 
 Every Python thread on one GPU shares that device's single autograd worker
-thread.  Forced interleaving (``python -m fxguard.shared_gpu [--install]``):
+thread.  Forced interleaving (``python -m fxguard.demos.shared_gpu [--install]``):
 
   1. B runs a compiled function forward; its backward is compiled lazily.
   2. A takes torch._dynamo.convert_frame.compile_lock (as any dynamo compile
@@ -80,7 +80,7 @@ def scenario(install: bool) -> None:
 
 def probe(install: bool, timeout: float = 600.0) -> dict:
     """Run the scenario in a subprocess: {'result': 'completed'|'deadlocked'|'error', ...}."""
-    cmd = [sys.executable, "-m", "fxguard.shared_gpu"] + (["--install"] if install else [])
+    cmd = [sys.executable, "-m", "fxguard.demos.shared_gpu"] + (["--install"] if install else [])
     start = time.monotonic()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)

@@ -1,4 +1,4 @@
-"""The two races, forced deterministically with Events (used by doctor and tests).
+"""Races forced deterministically with Events (used by doctor and tests).
 
 Each function runs one interleaving on the installed torch and reports whether
 the bad outcome happened.  They work with fxguard installed or not; that is
@@ -62,6 +62,7 @@ def trace_vs_compiled_call(compiled=None) -> RaceResult:
     import torch
 
     compiled = compiled or make_compiled()
+    compiled(torch.ones(3))  # compiled already (a dynamo reset in between would recompile here)
     inside, release = threading.Event(), threading.Event()
 
     class Waits(torch.nn.Module):
@@ -182,5 +183,3 @@ def reset_stock_leftovers() -> None:
         if current is not original and getattr(current, "__wrapped__", None) is original:
             setattr(torch.nn.Module, attr, original)  # a Tracer's functools.wraps wrapper
 
-
-RACES = (trace_vs_compiled_call, trace_vs_compilation_env, compile_vs_is_compiling)

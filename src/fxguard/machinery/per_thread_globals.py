@@ -1,7 +1,8 @@
-"""Make module globals per-thread: machinery that knows no torch names.
+"""Module globals served per thread: machinery that knows no torch names.
 
-A ``PerThread`` row names one module global.  ``plan()`` turns a set of rows
-into ``patches`` changes, computed without touching anything:
+A ``PerThread`` row names one module global.  A ``Planner`` turns rows into
+changes (``Planner.add`` each row, then ``Planner.changes``), computed without
+touching anything:
 
 1. each module whose code uses a per-thread global gets ``__fxguard_tls__``,
    a ``_core.SlotView`` mapping those names to slots of the thread record;
@@ -36,10 +37,12 @@ import types
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from . import _core, patches, rewrite
-from .patches import MISSING
+from .. import _core
+from . import codegen, rewrite
+from .changes import Change, NotCovered, Outcome, Row
+from .originals import MISSING
 
-VIEW = "__fxguard_tls__"
+VIEW = codegen.TLS
 
 
 @dataclass(frozen=True)
@@ -82,11 +85,7 @@ class PerThread:
 
 
 READER_KINDS = {"value": _core.READ_VALUE, "symbolic": _core.READ_SYMBOLIC}
-READ_PREFIX = "__fxguard_read_"   # + function name + "__": Reader.read, where code calls it
-
-
-class NotCovered(RuntimeError):
-    """A row's global is used where fxguard cannot follow it."""
+READER = "fast reader"  # the rows of reader functions, as status() names them
 
 
 def functions_in(module: types.ModuleType) -> Iterator[types.FunctionType]:
@@ -123,11 +122,11 @@ class Planner:
         self.getattrs: dict[str, dict[str, int]] = {}  # owning module -> {name: slot}
         self.deletes: list[tuple[types.ModuleType, str]] = []
         self.readers: dict[int, tuple[types.FunctionType, tuple[FastReader, Any]]] = {}
-        self.reader_rows: list[tuple[str, str]] = []  # ('module.function', status reason)
+        self.reader_rows: list[Row] = []  # one per reader function, as status() shows it
 
-    def add(self, row: PerThread) -> str:
-        """Plan one row; returns its status reason.  Raises NotCovered, and
-        then the plan is as it was before the row."""
+    def add(self, row: PerThread) -> Outcome:
+        """Plan one row: PATCHED or NOT_AVAILABLE (its global is absent).
+        Raises NotCovered, and then the plan is as it was before the row."""
         saved = self._state()
         try:
             return self._add(row)
@@ -141,10 +140,10 @@ class Planner:
                 {k: (f, set(n), dict(a)) for k, (f, n, a) in self.targets.items()},
                 {m: dict(n) for m, n in self.getattrs.items()}, list(self.deletes))
 
-    def _add(self, row: PerThread) -> str:
+    def _add(self, row: PerThread) -> Outcome:
         owner = importlib.import_module(row.module)
         if row.name not in vars(owner):
-            return "not available on this torch"
+            return Outcome.NOT_AVAILABLE
         slot = _core.FLAG_SLOT if row.flag else len([r for r in self.slots if not r.flag])
         self.slots.append(row)
         users = self._redirect_users(owner, row, slot)
@@ -156,7 +155,7 @@ class Planner:
         self.getattrs.setdefault(row.module, {})[row.name] = slot
         self.deletes.append((owner, row.name))
         self._add_readers(owner, row, slot, users)
-        return "patched"
+        return Outcome.PATCHED
 
     def _add_readers(self, owner: types.ModuleType, row: PerThread, slot: int, users: list) -> None:
         """Serve each reader function by the first FastReader of its name whose body it has."""
@@ -166,15 +165,15 @@ class Planner:
                 continue  # absent on this torch, or no longer reads the global
             candidates = [r for r in row.readers if r.name == name]
             if not all(r.served for r in candidates):
-                self.reader_rows.append((where, "not needed: dynamo inlines it "
-                                                "(rewritten code on this Python)"))
+                self.reader_rows.append(Row(READER, where, Outcome.NOT_NEEDED,
+                                            "dynamo inlines it (rewritten code on this Python)"))
                 continue
             reader = next((r for r in candidates if r.matches(fn, row.name)), None)
             if reader is None or not _takes_no_arguments(fn):
-                self.reader_rows.append((where, "not covered: its body is not the row's "
-                                                "(rewritten code serves it)"))
+                self.reader_rows.append(Row(READER, where, Outcome.NOT_COVERED,
+                                            "its body is not the row's (rewritten code serves it)"))
                 continue
-            self.reader_rows.append((where, "patched"))
+            self.reader_rows.append(Row(READER, where, Outcome.PATCHED))
             self.readers[id(fn)] = (fn, (reader, _core.Reader(READER_KINDS[reader.kind], slot,
                                                               first=reader.first)))
 
@@ -231,8 +230,8 @@ class Planner:
             spec, reader = self.readers[id(fn)][1]
             if _core.VECTORCALL_READERS:  # the Reader finds itself as the last constant
                 return code.replace(co_consts=code.co_consts + (reader,))
-            first = f"    {spec.first}()\n" if spec.first else ""
-            return patches.wrapper_code(fn, f"{first}    return {READ_PREFIX}{fn.__name__}__()\n")
+            first = f"    {spec.first}()\n" if spec.first else ""  # code calls Reader.read
+            return codegen.wrapper_code(fn, f"{first}    return {codegen.namespace_name(fn)}()\n")
         return code
 
     def initial(self) -> list[tuple[types.ModuleType, str, Any]]:
@@ -243,21 +242,21 @@ class Planner:
         rows = [r for r in self.slots if not r.flag]
         return (tuple(r.default for r in rows), tuple(r.factory for r in rows))
 
-    def changes(self, label: str) -> list[tuple[str, object, str, Any]]:
+    def changes(self, label: str) -> list[Change]:
         out = []
         for module, names in self.views.items():
-            out.append((label, importlib.import_module(module), VIEW, _core.SlotView(names)))
-        if not _core.VECTORCALL_READERS:
-            out += [(label, sys.modules[fn.__module__], f"{READ_PREFIX}{fn.__name__}__", reader.read)
+            out.append(Change(label, importlib.import_module(module), VIEW, _core.SlotView(names)))
+        if not _core.VECTORCALL_READERS:  # the code route: the reader is the function's namespace
+            out += [Change(label, sys.modules[fn.__module__], codegen.namespace_name(fn), reader.read)
                     for fn, (_, reader) in self.readers.values()]
-        out += [(label, fn, "__code__", self.code_for(fn)) for fn, _, _ in self.targets.values()]
+        out += [Change(label, fn, "__code__", self.code_for(fn)) for fn, _, _ in self.targets.values()]
         if _core.VECTORCALL_READERS:
-            out += [(label, reader, "function", fn) for fn, (_, reader) in self.readers.values()]
+            out += [Change(label, reader, "function", fn) for fn, (_, reader) in self.readers.values()]
         for module, names in self.getattrs.items():
             owner = importlib.import_module(module)
-            out.append((label, owner, "__getattr__",
-                        _module_getattr(owner, names, vars(owner).get("__getattr__"))))
-        out += [(label, owner, name, MISSING) for owner, name in self.deletes]
+            out.append(Change(label, owner, "__getattr__",
+                              _module_getattr(owner, names, vars(owner).get("__getattr__"))))
+        out += [Change(label, owner, name, MISSING) for owner, name in self.deletes]
         return out
 
 

@@ -1,4 +1,4 @@
-"""Config follows the thread: a new thread starts with its starter's torch config.
+"""Torch config per thread: snapshots, and config that follows threads and backward.
 
 Since torch 2.12 every override of a config module built on
 ``torch.utils._config_module`` (``torch._dynamo.config``,
@@ -56,20 +56,16 @@ import types
 import warnings
 from typing import Any, Callable
 
-from . import patches
-
-OPTION = "config_follows_thread"
-WHAT = "config follows thread"
-WHERE = "threading.Thread.start"  # the row's patch point; also _bootstrap and install_config_module
 CONFIG_MODULE = "torch.utils._config_module"
-_ATTR = "_fxguard_config"  # where start() leaves its context for the new thread
+THREAD_ATTR = "_fxguard_config"  # where Thread.start() leaves its context for the new thread
+copy_context = contextvars.copy_context  # what Thread.start() calls (rows.THREAD_START)
 
 _COPIED = (list, dict, set)  # mutable values a thread gets its own deep copy of
 
 # ContextVar (an entry's user_override) -> the ConfigModule it belongs to
 _vars: dict[contextvars.ContextVar, types.ModuleType] = {}
 _registry_lock = threading.Lock()
-_scan_needed = True  # set by plan(): scan once after the hook is in place
+_scan_needed = True  # scan once after install_config_module's hook is in place (rescan_later)
 
 
 # -- which ContextVars are torch config -------------------------------------------
@@ -85,6 +81,12 @@ def register(module: Any) -> None:
         _vars.update(found)
 
 
+def rescan_later() -> None:
+    """The next thread start (or snapshot) scans sys.modules again first."""
+    global _scan_needed
+    _scan_needed = True
+
+
 def scan() -> list[types.ModuleType]:
     """Register every ConfigModule in sys.modules; returns them."""
     global _scan_needed
@@ -97,38 +99,6 @@ def scan() -> list[types.ModuleType]:
     for m in modules:
         register(m)
     return modules
-
-
-def config_is_per_thread() -> bool:
-    """Whether the installed torch keeps config overrides in ContextVars (2.12+),
-    judged from its config modules' entries.  Imports torch."""
-    import torch  # noqa: F401  (imports torch.compiler.config and friends)
-    for module in scan():
-        for entry in module._config.values():
-            return isinstance(getattr(entry, "user_override", None), contextvars.ContextVar)
-    return False
-
-
-def python_inherits_context() -> bool:
-    """Python 3.14+ with thread_inherit_context (free-threaded default): threads
-    start in a copy of their starter's context already."""
-    return bool(getattr(sys.flags, "thread_inherit_context", 0))
-
-
-def reason(enabled: bool, per_thread: bool, inherits: bool) -> str:
-    """The status() reason for this row."""
-    if not enabled:
-        return "option off"
-    if not per_thread:
-        return "not needed: config process-wide"
-    if inherits:
-        return "not needed: Python inherits context"
-    return "patched"
-
-
-def stock_threads_lose_config() -> bool:
-    """True where a stock thread starts without its starter's config (the trap)."""
-    return config_is_per_thread() and not python_inherits_context()
 
 
 # -- snapshots ---------------------------------------------------------------------
@@ -264,7 +234,7 @@ def config_snapshot() -> ConfigSnapshot:
 def enter_thread(thread: threading.Thread) -> None:
     """Thread._bootstrap(), first thing in the new thread: take the starter's config.
     Never raises: start() waits for this thread to signal it has started."""
-    parent = thread.__dict__.pop(_ATTR, None)
+    parent = thread.__dict__.pop(THREAD_ATTR, None)
     if parent is None:
         return
     try:
@@ -310,112 +280,3 @@ def _from(parent: contextvars.Context) -> list:
     return [(var, _own(value)) for var, value in parent.items() if var in _vars and value is not unset]
 
 
-START = """\
-    self.__dict__[__fxguard__.ATTR] = __fxguard__.copy_context()
-    return __fxguard__.start(self)
-"""
-
-BOOTSTRAP = """\
-    __fxguard__.enter_thread(self)
-    return __fxguard__.bootstrap(self)
-"""
-
-REGISTER = """\
-    result = __fxguard__.install_config_module({call})
-    __fxguard__.register({call})
-    return result
-"""
-
-
-def _swap(label: str, fn: types.FunctionType, body: str, helper: types.ModuleType, name: str,
-          changes: list) -> None:
-    """fn keeps its identity; its code runs ``body``; helper.<name> runs the old code."""
-    setattr(helper, name, patches.shadow_function(fn))
-    changes.append((label, fn, "__code__", patches.wrapper_code(fn, body)))
-
-
-def plan(enabled: bool) -> tuple[str, list[tuple[str, object, str, Any]]]:
-    """(status reason, changes for patches.apply_patch), computed without changing anything.
-
-    Changes: ``__fxguard__`` helpers in ``threading`` and torch's
-    ``_config_module``; install_config_module registers what it converts;
-    Thread._bootstrap sets the snapshot; Thread.start takes it.  Functions keep
-    their identity (only ``__code__`` changes), so uninstall() restores
-    ``threading`` exactly.
-    """
-    global _scan_needed
-    why = reason(enabled, enabled and config_is_per_thread(), python_inherits_context())
-    if why != "patched":
-        return why, []
-    import importlib
-    cm = importlib.import_module(CONFIG_MODULE)
-    install_fn = cm.install_config_module
-    code = getattr(install_fn, "__code__", None)
-    if code is None or code.co_argcount != 1 or code.co_flags & 0x0C or code.co_kwonlyargcount:
-        return "not available on this torch", []  # install_config_module(module) changed shape
-    Thread = threading.Thread
-    for name in ("start", "_bootstrap"):
-        fn = vars(Thread).get(name)
-        if not isinstance(fn, types.FunctionType) or fn.__code__.co_argcount != 1 \
-                or fn.__code__.co_varnames[0] != "self":  # the bodies below name it
-            return f"not available on this Python (threading.Thread.{name})", []
-    to_threading = types.ModuleType("fxguard.helpers[threading]")
-    to_torch = types.ModuleType(f"fxguard.helpers[{CONFIG_MODULE}]")
-    to_threading.ATTR, to_threading.copy_context = _ATTR, contextvars.copy_context
-    to_threading.enter_thread = enter_thread
-    to_torch.register = register
-    changes: list = [(WHAT, threading, "__fxguard__", to_threading),
-                     (WHAT, cm, "__fxguard__", to_torch)]
-    _swap(WHAT, install_fn, REGISTER, to_torch, "install_config_module", changes)
-    _swap(WHAT, vars(Thread)["_bootstrap"], BOOTSTRAP, to_threading, "bootstrap", changes)
-    _swap(WHAT, vars(Thread)["start"], START, to_threading, "start", changes)
-    _scan_needed = True
-    return "patched", changes
-
-
-# -- the trap, shown on the installed torch ----------------------------------------
-
-def recompile_limit_in_thread(limit: int = 20, shapes: int = 20) -> dict:
-    """The calling thread sets torch._dynamo.config.recompile_limit = ``limit``;
-    a thread it starts compiles one function for ``shapes`` static shapes.
-
-    Stock torch 2.12+: the thread reads the default limit (8), compiles 8
-    graphs and runs the rest uncompiled.  Resets dynamo first.
-    """
-    import torch
-    import torch._dynamo
-
-    torch._dynamo.reset()
-    graphs: list[int] = []
-    seen: list[int] = []
-
-    def counting(gm, example_inputs):
-        graphs.append(1)
-        return gm.forward
-
-    def body() -> None:
-        seen.append(torch._dynamo.config.recompile_limit)
-        compiled = torch.compile(lambda x: x * 2 + 1, backend=counting, dynamic=False)
-        for n in range(1, shapes + 1):
-            compiled(torch.ones(n))
-
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            body()
-        except BaseException as e:  # reported below
-            errors.append(e)
-
-    with torch._dynamo.config.patch(recompile_limit=limit):
-        thread = threading.Thread(target=run, name="compiles-in-thread", daemon=True)
-        thread.start()
-    thread.join(120)
-    torch._dynamo.reset()
-    if errors:
-        raise errors[0]
-    if thread.is_alive():
-        raise TimeoutError("the compiling thread did not finish")
-    n = len(graphs)
-    return {"graphs": n, "shapes": shapes, "limit_seen": seen[0], "lost": n < shapes,
-            "detail": f"thread: {n} of {shapes} graphs (read limit {seen[0]})"}

@@ -1,0 +1,88 @@
+"""What the installed torch (and Python) is, detected once and handed on.
+
+Every decision install() makes about a torch release starts from a
+``TorchFacts``: the layout of the FX-tracing flag, whether config overrides
+are per thread, whether Python already gives new threads their starter's
+context.  Comments and README quote the versions these detections give.
+"""
+from __future__ import annotations
+
+import contextvars
+import sys
+import types
+from dataclasses import dataclass
+
+FLAG = "_is_fx_tracing_flag"
+FLAG_MODULE = "torch.fx._symbolic_trace"
+
+# Layouts of torch's FX-tracing flag that fxguard knows.
+MODULE_GLOBAL = "module-global"       # torch <= 2.13: one bool for the process
+UPSTREAM = "upstream-thread-local"    # torch >= 2.14: threading.local behind _get/_set_is_fx_tracing
+
+# The module-global layout: the functions of torch.fx._symbolic_trace that use
+# the flag, one known set per torch generation.  Every other use in the module
+# must lie in one of them (per_thread_globals checks it); none matching refuses.
+KNOWN_FLAG_USERS = (
+    frozenset({"is_fx_tracing", "is_fx_symbolic_tracing", "Tracer.trace"}),  # 2.9 - 2.13
+    frozenset({"is_fx_tracing", "Tracer.trace"}),  # 2.5 - 2.8: compile_wrapper calls is_fx_tracing
+)
+
+
+class UnsupportedTorchError(RuntimeError):
+    """install() found a torch it does not know; nothing was patched."""
+
+
+@dataclass(frozen=True)
+class TorchFacts:
+    torch: str                     # torch.__version__
+    layout: str                    # MODULE_GLOBAL or UPSTREAM
+    config_per_thread: bool        # config overrides live in ContextVars (torch >= 2.12)
+    python_inherits_context: bool  # new threads start in a copy of the starter's context (3.14+)
+
+    @property
+    def stock_threads_lose_config(self) -> bool:
+        """A stock thread starts without its starter's torch config (the trap)."""
+        return self.config_per_thread and not self.python_inherits_context
+
+
+def detect() -> TorchFacts:
+    """Imports torch; UnsupportedTorchError on a layout fxguard does not know."""
+    import torch
+    from torch.fx import _symbolic_trace
+    return TorchFacts(torch.__version__, detect_layout(_symbolic_trace), config_is_per_thread(),
+                      python_inherits_context())
+
+
+def detect_layout(module: types.ModuleType) -> str:
+    """Which layout ``torch.fx._symbolic_trace`` has; UnsupportedTorchError if none."""
+    from ..machinery.per_thread_globals import functions_in
+    from ..machinery.rewrite import global_users
+
+    names = vars(module)
+    if callable(names.get("_get_is_fx_tracing")) and callable(names.get("_set_is_fx_tracing")) \
+            and FLAG not in names:
+        return UPSTREAM
+    problems = []
+    if type(names.get(FLAG)) is not bool:
+        problems.append(f"module global {FLAG} (a bool) is missing")
+    users = {fn.__qualname__ for fn in functions_in(module) if global_users([fn.__code__], FLAG)}
+    if not any(known <= users for known in KNOWN_FLAG_USERS):
+        missing = min((known - users for known in KNOWN_FLAG_USERS), key=len)
+        problems.append(f"these no longer use {FLAG}: {', '.join(sorted(missing))}")
+    if problems:
+        raise UnsupportedTorchError(f"{module.__name__}: " + "; ".join(problems))
+    return MODULE_GLOBAL
+
+
+def config_is_per_thread() -> bool:
+    """torch <= 2.11 keeps config values in plain attributes shared by every
+    thread; from 2.12 each override is a ContextVar, so each thread has its own."""
+    import torch._dynamo.config as dynamo_config
+    return any(isinstance(getattr(entry, "user_override", None), contextvars.ContextVar)
+               for entry in dynamo_config._config.values())
+
+
+def python_inherits_context() -> bool:
+    """Python 3.14+ with thread_inherit_context (the free-threaded default):
+    threads start in a copy of their starter's context already."""
+    return bool(getattr(sys.flags, "thread_inherit_context", 0))

@@ -1,0 +1,144 @@
+"""The rows that apply to the installed torch, turned into changes.
+
+``prepare(facts, options)`` computes everything install() will change and a
+Row per line of the plan, without changing anything; install() applies the
+changes in order (machinery.originals) and uninstall() undoes them in reverse.
+"""
+from __future__ import annotations
+
+import importlib
+import types
+from dataclasses import dataclass
+from typing import Any
+
+from ..machinery import codegen, originals, overlay, per_thread_patching
+from ..machinery.changes import Change, NotCovered, Outcome, Row
+from ..machinery.per_thread_globals import Planner
+from . import config, rows
+from .facts import MODULE_GLOBAL, TorchFacts, UnsupportedTorchError
+
+
+@dataclass
+class Prepared:
+    changes: list[Change]
+    rows: list[Row]
+    defaults: tuple[tuple, tuple]         # slot defaults and factories for _core._configure
+    initial: list[tuple[Any, str, Any]]   # (module, name, value): the installing thread's values
+    carry_context: bool                   # records note their thread's Context
+
+
+def prepare(facts: TorchFacts, options: dict[str, bool]) -> Prepared:
+    """Everything install() will change, computed without changing anything.
+    UnsupportedTorchError where the FX flag's own row cannot be followed."""
+    planner, plan_rows = Planner(), []
+    for row in rows.PER_THREAD:
+        plan_rows.append(_per_thread(planner, row, facts))
+    plan_rows += planner.reader_rows
+    changes = planner.changes("per-thread")
+    plan_rows += [_patching(spec, changes) for spec in rows.PATCHING]
+    for state in rows.CLASS_STATE:
+        more, outcome = per_thread_patching.plan_class_state(state)
+        changes += more
+        plan_rows.append(Row("per-thread class state", state.where, outcome))
+    carry_context = False
+    for wrap in rows.WRAPPED:
+        row = _wrap(wrap, facts, options, planner, changes)
+        carry_context |= row.patched and wrap.carries_context
+        plan_rows.append(row)
+    plan_rows += [_config_default(cfg, options, changes) for cfg in rows.CONFIG_DEFAULTS]
+    plan_rows += [_wrap(wrap, facts, options, planner, changes) for wrap in rows.THREADS]
+    return Prepared(changes, plan_rows, planner.defaults(), planner.initial(), carry_context)
+
+
+def _per_thread(planner: Planner, row: Any, facts: TorchFacts) -> Row:
+    what = "FX-tracing flag" if row.flag else "per-thread global"
+    if row.flag and facts.layout != MODULE_GLOBAL:
+        return Row(what, row.where, Outcome.NOT_NEEDED, "torch keeps it per thread")
+    try:
+        return Row(what, row.where, planner.add(row))
+    except NotCovered as e:  # the planner is as it was before this row
+        if row.flag:
+            raise UnsupportedTorchError(str(e)) from None
+        return Row(what, row.where, Outcome.NOT_COVERED, str(e))
+
+
+def _patching(spec: Any, changes: list) -> Row:
+    what = "per-thread patching"
+    try:
+        more, outcome = per_thread_patching.plan(spec)
+    except NotCovered as e:
+        return Row(what, spec.where, Outcome.NOT_COVERED, str(e))
+    changes += more
+    return Row(what, spec.where, outcome)
+
+
+def _wrap(wrap: rows.Wrapped, facts: TorchFacts, options: dict, planner: Planner,
+          changes: list) -> Row:
+    """The row's swaps, all or none."""
+    if wrap.option and not options[wrap.option]:
+        return Row(wrap.what, wrap.where, Outcome.OPTION_OFF)
+    if (why := wrap.needed(facts)) is not None:
+        return Row(wrap.what, wrap.where, *why)
+    made: list[Change] = []
+    for swap in reversed(wrap.swaps):  # the first is in place last, once what it relies on is
+        fn = _function(swap.where)
+        if fn is None or not set(swap.params) <= set(fn.__code__.co_varnames):
+            where = "on this torch" if swap.where.startswith("torch") else \
+                f"on this Python ({swap.where})"
+            return Row(wrap.what, wrap.where, Outcome.NOT_AVAILABLE, where)
+        # What the body calls as inner: fn's code as the other rows leave it,
+        # in a function object of its own (not a record of originals).
+        namespace = types.SimpleNamespace(inner=codegen.shadow_function(fn, planner.code_for(fn)))
+        for name, make in swap.helpers:
+            setattr(namespace, name, make())
+        made += codegen.swap_code(wrap.what, fn, swap.body, namespace)
+    overlays = _overlays(wrap)
+    if overlays is None:
+        return Row(wrap.what, wrap.where, Outcome.NOT_AVAILABLE)
+    if any(swap.where.endswith("install_config_module") for swap in wrap.swaps):
+        config.rescan_later()  # modules converted before the hook: found by one scan
+    changes += overlays + made
+    return Row(wrap.what, wrap.where, Outcome.PATCHED)
+
+
+def _function(where: str) -> types.FunctionType | None:
+    """The plain function at ``where`` (a contextmanager's generator function)."""
+    try:
+        _, _, fn = originals.resolve_path(where)
+    except (ImportError, AttributeError):
+        return None
+    while fn is not None and not isinstance(fn, types.FunctionType):
+        fn = getattr(fn, "__wrapped__", None)
+    if isinstance(fn, types.FunctionType) and "__wrapped__" in vars(fn):
+        fn = fn.__wrapped__  # contextmanager: the generator function
+    return fn if isinstance(fn, types.FunctionType) else None
+
+
+def _overlays(wrap: rows.Wrapped) -> list[Change] | None:
+    """Changes making the row's windowed config entries honour overlay.window();
+    None if one is missing."""
+    if wrap.windowed is None:
+        return []
+    module, names = wrap.windowed
+    entries = getattr(importlib.import_module(module), "_config", {})
+    if any(name not in entries for name in names):
+        return None
+    return [Change(wrap.what, entries[name], "__class__",
+                   overlay.overlaid(entries[name], "user_override")) for name in names]
+
+
+def _config_default(cfg: rows.ConfigDefault, options: dict, changes: list) -> Row:
+    """Change a torch config's default, for every thread.  (Assigning the config
+    where it is per thread would only reach the calling thread's context; a
+    value a user assigned explicitly still wins, as it should.)"""
+    if cfg.option and not options[cfg.option]:
+        return Row(cfg.what, cfg.where, Outcome.OPTION_OFF)
+    try:
+        owner, name, _ = originals.resolve_path(cfg.where)
+    except (ImportError, AttributeError):
+        owner = name = None
+    entry = getattr(owner, "_config", {}).get(name) if owner is not None else None
+    if entry is None or not hasattr(entry, "default"):
+        return Row(cfg.what, cfg.where, *cfg.missing)
+    changes.append(Change(cfg.what, entry, "default", cfg.value))
+    return Row(cfg.what, cfg.where, Outcome.PATCHED)

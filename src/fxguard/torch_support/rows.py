@@ -1,0 +1,313 @@
+"""What fxguard changes in torch: the rows, as data.  Read the tables first.
+
+- ``PER_THREAD``: module globals that a trace or compile writes and another
+  thread's run-time code reads; each becomes per thread (machinery:
+  per_thread_globals).  A new one is one new row.
+- ``PATCHING``, ``CLASS_STATE``: Tracer.trace's process-wide patches, and class
+  state every tracer updates, made per thread (per_thread_patching).
+- ``WRAPPED``: functions whose code runs a body around the original (a lock, a
+  window, the thread's config), identity kept (codegen.swap_code).
+- ``CONFIG_DEFAULTS``: torch config defaults changed for every thread.
+
+``prepare.py`` turns the rows that apply to the installed torch (facts.py)
+into changes, without changing anything.
+"""
+from __future__ import annotations
+
+import collections
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .. import _core
+from ..machinery import overlay
+from ..machinery.changes import Outcome
+from ..machinery.per_thread_globals import FastReader, PerThread
+from ..machinery.per_thread_patching import ClassState, Patching
+from .facts import FLAG, FLAG_MODULE, TorchFacts
+
+OPTIONS = ("block_mask_lock", "config_window_lock", "eager_backward", "config_follows_thread")
+
+
+# -- per-thread globals ----------------------------------------------------------
+
+COMPILING_STATE = "torch._export.utils._compiling_state_context"  # export assigns the attributes
+# torch <= 2.6: the same context manager, nested in each of these (rewritten with it).
+OLD_COMPILING_STATE = ("torch.export._trace._export_to_aten_ir",
+                       "torch.export._trace._export_to_aten_ir_make_fx")
+
+PER_THREAD: tuple[PerThread, ...] = (
+    # The FX-tracing flag: compile_wrapper raises when it reads True.
+    PerThread(FLAG_MODULE, FLAG, False, flag=True,
+              writers=("torch._higher_order_ops.utils._set_compilation_env",),
+              # compile_wrapper calls one of the first two on every compiled call.
+              readers=(FastReader("is_fx_symbolic_tracing", "symbolic",
+                                  body="return {name} and (not torch.compiler.is_compiling())"),
+                       FastReader("is_fx_tracing", first="is_fx_tracing_warning",  # 2.9+
+                                  body="is_fx_tracing_warning(); return {name}"),
+                       FastReader("is_fx_tracing"))),  # <= 2.8
+    # is_compiling(): True in every thread during any compile (2.13+), so
+    # transformers picks uncompiled flex_attention.  is_compiling()'s other
+    # branch, torch.jit.is_scripting(), is False outside TorchScript, which
+    # compiles the source, not the function object.
+    PerThread("torch.compiler", "_is_compiling_flag", False, writers=(COMPILING_STATE,),
+              or_writers=OLD_COMPILING_STATE,
+              readers=(FastReader("is_compiling", body="if torch.jit.is_scripting():\n"
+                                  "    return False\nelse:\n    return {name}"),)),
+    PerThread("torch.compiler", "_is_exporting_flag", False, writers=(COMPILING_STATE,),
+              readers=(FastReader("is_exporting"),)),
+    PerThread("torch.compiler", "_is_non_strict_tracing_flag", False),
+    # Node meta: create_block_mask's annotate() against another thread's trace
+    # (KeyError: 'custom').  flex_attention.py imported current_meta by value.
+    # Dynamo inlines these readers (traces their code), so on 3.11 they keep
+    # their rewritten code: dynamo cannot trace a call of Reader.read.
+    PerThread("torch.fx.traceback", "current_meta", factory=dict,
+              aliases=("torch._higher_order_ops.flex_attention",),
+              readers=(FastReader("get_current_meta", code_route=False),)),
+    PerThread("torch.fx.traceback", "current_replay_node", None,
+              readers=(FastReader("get_current_replay_node", code_route=False),)),
+    PerThread("torch.fx.traceback", "should_preserve_node_meta", False,
+              readers=(FastReader("has_preserved_node_meta", code_route=False),)),
+    PerThread("torch.fx.traceback", "_should_preserve_node_meta", False),
+    # A HOP's eager autograd must not re-enter another thread's make_fx.
+    PerThread("torch.fx.experimental.proxy_tensor", "_CURRENT_MAKE_FX_TRACER", None),
+    # Which GraphModule class a make_fx/symbolic_trace builds.
+    PerThread("torch.fx._lazy_graph_module", "_use_lazy_graph_module_flag", False),
+    PerThread("torch.fx._lazy_graph_module", "_force_skip_lazy_graph_module_flag", False),
+)
+
+
+
+# -- direct traces on several threads ---------------------------------------------
+
+PATCHER_MODULE = "torch.fx._symbolic_trace"
+
+PER_THREAD += (
+    # Tracer.trace's patcher stack: _new_patcher and dynamo's
+    # _maybe_revert_all_patches must see the calling thread's.
+    PerThread(PATCHER_MODULE, "CURRENT_PATCHER", None),
+    # make_fx(pre_dispatch=True) (non-strict export) keeps its infra modes
+    # here; two exports at once: "ProxyTorchDispatchMode slot already occupied".
+    PerThread("torch._ops", "_mode_stack_state_for_pre_dispatch",
+              factory=lambda: importlib.import_module("torch._ops")._ModeStackStateForPreDispatch()),
+    # export(): set on entry, cleared on exit ("_EXPORT_MODULE_HIERARCHY must
+    # not be None" in the thread whose export is still running).
+    PerThread("torch.export._trace", "_EXPORT_FLAGS", None),
+    PerThread("torch.export._trace", "_EXPORT_MODULE_HIERARCHY", None),
+    # Filled by one non-strict export's make_fx, read back by the same export.
+    PerThread("torch.fx.experimental.proxy_tensor", "_FAKE_TENSOR_ID_TO_PROXY_MAP_FOR_EXPORT",
+              factory=dict, aliases=("torch.export._trace",)),
+)
+
+# Tracer.trace patches nn.Module.__call__/__getattr__, torch.fx.wrap'ped module
+# globals and autowrapped functions (math.sqrt in the traced code's globals)
+# through these functions; made per thread, a trace patches its own thread only.
+PATCHING: tuple[Patching, ...] = (
+    Patching(
+        PATCHER_MODULE,
+        functions=("_PatchedFnSetItem.patch", "_PatchedFnSetItem.revert",
+                   "_PatchedFnDel.patch", "_PatchedFnDel.revert",
+                   "_PatchedFnSetAttr.patch", "_PatchedFnSetAttr.revert",
+                   "_Patcher.patch", "_Patcher.patch_method", "_patch_wrapped_functions",
+                   "_autowrap_check", "_create_wrapped_method",
+                   # collects the ids of math.* to autowrap: must not see a Dispatch
+                   # another thread's trace put there
+                   "Tracer.__init__"),
+        containers=("frame_dict", "self.frame_dict", "cls", "m.__dict__"),
+        # Every module call of every thread passes these: dispatch from install() on.
+        up_front=("torch.nn.Module.__call__", "torch.nn.Module.__getattr__"),
+        # Dynamo compares Module.__getattr__ by identity (inspect.getattr_static):
+        # a descriptor there makes every compiled submodule access unsupported.
+        # Tracer.trace calls the real one through _orig_module_getattr.
+        keep_identity=(("torch.nn.Module.__getattr__",
+                        (f"{PATCHER_MODULE}._orig_module_getattr",)),),
+    ),
+)
+
+
+# Tracer._qualname_counter is one class-level dict for every tracer: names
+# like _param_constant1 depend on what other threads' traces did meanwhile.
+CLASS_STATE: tuple[ClassState, ...] = (
+    ClassState(f"{PATCHER_MODULE}.Tracer._qualname_counter",
+               factory=lambda: collections.defaultdict(int)),
+)
+
+
+
+# -- functions wrapped in a body, identity kept ------------------------------------
+
+@dataclass(frozen=True)
+class Swap:
+    """One function (``where``; a contextmanager's generator function is taken)
+    whose code runs ``body``: ``{ns}.inner({call})`` is the original (as the
+    other rows leave it), ``{ns}.<name>`` the helpers, each made by its factory."""
+    where: str
+    body: str
+    helpers: tuple[tuple[str, Callable[[], Any]], ...] = ()
+    params: tuple[str, ...] = ()  # parameters the body names; absent: not available
+
+
+@dataclass(frozen=True)
+class Wrapped:
+    what: str
+    swaps: tuple[Swap, ...]       # the first names the row and is put in place last
+    # None if this torch needs the row, else (outcome, detail) saying why not
+    needed: Callable[[TorchFacts], tuple[Outcome, str] | None] = lambda facts: None
+    option: str | None = None
+    # (config module, entry names): entries whose user_override the window keeps per thread
+    windowed: tuple[str, tuple[str, ...]] | None = None
+    carries_context: bool = False  # patched: records note their thread's Context
+
+    @property
+    def where(self) -> str:
+        return self.swaps[0].where
+
+
+def _config_process_wide(facts: TorchFacts) -> tuple[Outcome, str] | None:
+    return None if not facts.config_per_thread else (Outcome.NOT_NEEDED, "config per thread")
+
+
+def _config_lost_by_threads(facts: TorchFacts) -> tuple[Outcome, str] | None:
+    if not facts.config_per_thread:
+        return Outcome.NOT_NEEDED, "config process-wide"
+    if facts.python_inherits_context:
+        return Outcome.NOT_NEEDED, "Python inherits context"
+    return None
+
+
+def _is_dynamo_compiling() -> Any:
+    import torch
+    return torch.compiler.is_dynamo_compiling
+
+
+def _config(name: str) -> Callable[[], Any]:
+    def get() -> Any:
+        from . import config
+        return getattr(config, name)
+    return get
+
+
+DYNAMO = ("is_dynamo_compiling", _is_dynamo_compiling)
+
+# _set_compilation_env sets dynamo config for its window (eager flex_attention,
+# HOP compiles) and puts the old values back.  Where that config is
+# process-wide (torch <= 2.11) another thread's compile would read the
+# window's values, and two windows' saves and restores interleave.  The
+# window's writes to these entries stay in the thread inside it (no lock:
+# holding dynamo's compile_lock for the window made an eager flex call wait
+# for every other thread's compile).
+CONFIG_WINDOW = """\
+    with {ns}.window():
+        yield from {ns}.inner({call})
+"""
+WINDOW_CONFIG = ("torch._dynamo.config", ("allow_empty_graphs", "capture_scalar_outputs"))
+
+# Eager mask creation holds block_mask_lock.  Not across a compile: with
+# _compile=True a new shape compiles, and one lock would queue every thread's
+# masks behind it (dynamo's compile_lock serialises the compile itself).
+# Under torch.compile (is_dynamo_compiling() folds to True) the original is
+# inlined: no graph break.
+BLOCK_MASK = """\
+    if _compile or {ns}.is_dynamo_compiling():
+        return {ns}.inner({call})
+    with {ns}.block_mask_lock:
+        return {ns}.inner({call})
+"""
+
+# On an autograd worker (a device's thread, or the pool that takes over deep
+# reentrant backward) a backward node runs for the thread whose graph task it
+# is; with config per thread (torch >= 2.12) the node runs with that thread's
+# overrides, read from the Context its record notes.  Under dynamo (never
+# expected here) the original is inlined as it was.
+WORKER_CONFIG = """\
+    if {ns}.is_dynamo_compiling():
+        return {ns}.inner({call})
+    context = {ns}.carried_context()
+    if context is None:
+        return {ns}.inner({call})
+    return {ns}.run_with_config_of(context, {ns}.inner, {call})
+"""
+
+# A thread's record is published (with its Context noted) when it starts a
+# backward, so that graph task carries it into autograd workers: also for
+# threads started before install(), and at no cost to Thread.start().
+PUBLISH_BEFORE_BACKWARD = """\
+    if not {ns}.is_dynamo_compiling():
+        {ns}.publish_record()
+    return {ns}.inner({call})
+"""
+
+# Config follows the thread (config.py): Thread.start() hands the new thread
+# its starter's context; the new thread takes the torch config entries from it
+# first thing in _bootstrap, before start() returns; install_config_module
+# registers every config module converted after install().
+THREAD_START = """\
+    self.__dict__[{ns}.ATTR] = {ns}.copy_context()
+    return {ns}.inner({call})
+"""
+THREAD_BOOTSTRAP = """\
+    {ns}.enter_thread(self)
+    return {ns}.inner({call})
+"""
+REGISTER_CONFIG_MODULE = """\
+    result = {ns}.inner({call})
+    {ns}.register(module)
+    return result
+"""
+
+WRAPPED: tuple[Wrapped, ...] = (
+    Wrapped("config window per thread",
+            (Swap("torch._higher_order_ops.utils._set_compilation_env", CONFIG_WINDOW,
+                  (("window", lambda: overlay.window),)),),
+            _config_process_wide, option="config_window_lock", windowed=WINDOW_CONFIG),
+    Wrapped("block-mask lock",
+            (Swap("torch.nn.attention.flex_attention.create_block_mask", BLOCK_MASK,
+                  (DYNAMO, ("block_mask_lock", lambda: _core.block_mask_lock)),
+                  params=("_compile",)),),
+            option="block_mask_lock"),
+    Wrapped("config in autograd workers",
+            (Swap("torch.autograd.function.BackwardCFunction.apply", WORKER_CONFIG,
+                  (DYNAMO, ("carried_context", lambda: _core._carried_context),
+                   ("run_with_config_of", _config("run_with_config_of")))),),
+            _config_lost_by_threads, option="config_follows_thread"),
+    Wrapped("record before backward",
+            (Swap("torch.autograd.graph._engine_run_backward", PUBLISH_BEFORE_BACKWARD,
+                  (DYNAMO, ("publish_record", lambda: _core._publish_record))),),
+            _config_lost_by_threads, option="config_follows_thread", carries_context=True),
+)
+
+# After CONFIG_DEFAULTS in status(): new threads start with their starter's config.
+THREADS: tuple[Wrapped, ...] = (
+    Wrapped("config follows thread",
+            (Swap("threading.Thread.start", THREAD_START,
+                  (("ATTR", _config("THREAD_ATTR")), ("copy_context", _config("copy_context"))),
+                  params=("self",)),
+             Swap("threading.Thread._bootstrap", THREAD_BOOTSTRAP,
+                  (("enter_thread", _config("enter_thread")),), params=("self",)),
+             Swap("torch.utils._config_module.install_config_module", REGISTER_CONFIG_MODULE,
+                  (("register", _config("register")),), params=("module",))),
+            _config_lost_by_threads, option="config_follows_thread"),
+)
+
+
+# -- config defaults -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ConfigDefault:
+    what: str
+    where: str
+    value: Any
+    option: str | None = None
+    missing: tuple[Outcome, str] = (Outcome.NOT_AVAILABLE, "")  # where torch lacks the entry
+
+
+CONFIG_DEFAULTS: tuple[ConfigDefault, ...] = (
+    # Backward graphs compiled with the forward: the autograd worker never
+    # needs compile_lock (the shared-GPU deadlock).
+    ConfigDefault("eager backward", "torch._functorch.config.force_non_lazy_backward_lowering",
+                  True, option="eager_backward",
+                  missing=(Outcome.NOT_COVERED,
+                           "this torch has no such switch; a backward first compiled on a GPU's "
+                           "autograd worker can deadlock with another thread's compile "
+                           "(README, Limits)")),
+)

@@ -80,9 +80,8 @@ def test_interleaved_windows_leave_the_config_as_it_was(guard):
 
 def test_a_window_does_not_wait_for_another_threads_compile():
     """Eager flex_attention opens the window on every call: it must not queue
-    behind a compile running in another thread (fxguard 0.2 held dynamo's
-    compile_lock for the window: a warm eager-flex thread waited out every
-    compile)."""
+    behind a compile running in another thread (with dynamo's compile_lock held
+    for the window, a warm eager-flex thread waits out every compile)."""
     import fxguard
     fxguard.install()
     compiling, release, entered = threading.Event(), threading.Event(), threading.Event()

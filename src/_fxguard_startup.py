@@ -30,6 +30,9 @@ def activate() -> None:
             "FXGUARD=%r: expected 1 (on) or 0 (off); fxguard not activated",
             os.environ["FXGUARD"])
         return
+    if not getattr(sys, "_is_gil_enabled", lambda: True)():  # free-threaded, GIL off now
+        from fxguard import interpreter
+        interpreter.watch()  # which later import turns the GIL on (status(), doctor)
     after_import("torch", _install_from_env)
 
 

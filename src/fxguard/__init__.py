@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import interpreter as _interpreter
 from ._core import RLock, block_mask_lock, fx_tracing, is_fx_symbolic_tracing, is_fx_tracing
 from ._install import __version__, install, is_installed, preview, status, uninstall
 from .machinery.originals import get_original, is_object_patched
@@ -21,6 +22,8 @@ __all__ = [
     "UnsupportedTorchError", "get_original", "is_object_patched", "config_snapshot",
     "ConfigSnapshot", "__version__",
 ]
+
+_interpreter.watch()  # free-threaded builds: note which later imports turn the GIL on
 
 
 def __getattr__(name: str) -> Any:

@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from . import _core
+from . import _core, interpreter
 from .machinery import code_cache, codegen, originals
 from .machinery.changes import Outcome, Row
 from .torch_support.rows import OPTIONS
@@ -240,6 +240,7 @@ def status() -> dict:
         "patch_points": [],
         "autograd_workers": None,
         "code_cache": None,
+        "interpreter": interpreter.report(),
     }
     if _installed is not None:
         info.update(layout=_installed.layout, options=dict(_installed.options),

@@ -20,6 +20,7 @@ from typing import Iterator
 
 import fxguard
 
+from . import interpreter
 from .demos import DEMOS, races
 from .torch_support import facts
 
@@ -31,6 +32,8 @@ EXPECTED = (
     (r"is_fx_tracing will return true", "torch's notice on is_fx_tracing(), which the race "
                                         "probes call"),
     (r"Failed to initialize NumPy|No module named 'numpy'", "torch without NumPy: harmless here"),
+    (r"global interpreter lock \(GIL\) has been enabled", "a module turned the GIL on (see the "
+                                                          "interpreter line above)"),
 )
 
 
@@ -95,6 +98,8 @@ def captured_warnings() -> Iterator[list[str]]:
             for lg, handlers in zip(loggers, saved):
                 lg.handlers[:] = handlers
             caught[:0] = [f"{w.category.__name__}: {w.message}" for w in python_warnings]
+            for w in python_warnings:
+                interpreter.note(w.message)
 
 
 def sort_warnings(caught: list[str]) -> tuple[dict[str, int], list[str]]:
@@ -140,6 +145,7 @@ def report(rows: list[dict], status: dict, seconds: float, gpu: dict | None = No
         f"fxguard {status['fxguard']}  torch {status['torch']}  Python {status['python']}  "
         f"{platform.machine()}  ({seconds:.1f} s)",
         f"mode after install(): {status['mode']}  (torch layout: {status['layout']})",
+        _interpreter_line(status["interpreter"]),
         f"stock torch had {affected} of the {len(rows)} races probed here",
         "",
     ]
@@ -163,6 +169,15 @@ def report(rows: list[dict], status: dict, seconds: float, gpu: dict | None = No
     lines += _notes(caught, verbose)
     lines += ["", f"result: {answer}"]
     return "\n".join(lines)
+
+
+def _interpreter_line(info: dict) -> str:
+    if not info["free_threaded"]:
+        return "interpreter: with the GIL"
+    line = "interpreter: free-threaded, the GIL " + ("on" if info["gil_enabled"] else "off")
+    if info["gil_enabled"] and info["gil_enabled_by"]:
+        line += f" (turned on by {', '.join(info['gil_enabled_by'])}; PYTHON_GIL=0 keeps it off)"
+    return line
 
 
 def _notes(caught: list[str], verbose: bool) -> list[str]:

@@ -14,7 +14,9 @@ claims).  Two modes:
   so the *mechanism* can be measured on Pythons without a torch wheel.  These
   are not torch figures.
 
-    python benchmarks/call_overhead.py [--mechanism] [--json out.json]
+    python benchmarks/call_overhead.py [--mechanism] [--json out.json] [--save]
+
+(--save: results/call_overhead/, or results/call_overhead_mechanism/ with --mechanism.)
 """
 from __future__ import annotations
 
@@ -22,17 +24,15 @@ import argparse
 import atexit
 import importlib
 import itertools
-import json
 import os
-import platform
 import shutil
 import sys
 import tempfile
 import threading
-import time
 import timeit
 import types
 
+import _harness
 import fxguard
 from fxguard import _core
 from fxguard.machinery import originals
@@ -271,29 +271,18 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--mechanism", action="store_true",
                    help="no torch: the machinery on plain readers (not torch figures)")
-    p.add_argument("--json")
+    _harness.add_output_options(p)
     args = p.parse_args()
-    info = {"mode": "mechanism (no torch)" if args.mechanism else "torch",
-            "python": platform.python_version(), "machine": platform.machine(),
-            "date": time.strftime("%Y-%m-%d"), "cpus": os.cpu_count(),
-            "vectorcall_readers": bool(_core.VECTORCALL_READERS)}
     if args.mechanism:
         ns, ratios = measure_mechanism(), MECHANISM_RATIOS
     else:
-        import torch
-        ns, ratios = measure_torch(), TORCH_RATIOS
-        info.update(torch=torch.__version__,
-                    gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
-    print("  ".join(f"{k}={v}" for k, v in info.items()))
-    print(f"{'figure':<76} {'ns/call':>8} {'ratio':>7}  baseline")
-    for name, value in ns.items():
-        base = ratios.get(name)
-        ratio = f"{value / ns[base]:.2f}x" if base else ""
-        print(f"{name:<76} {value:8.1f} {ratio:>7}  {base or ''}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"versions": info, "ns_per_call": ns,
-                       "ratios": {k: ns[k] / ns[b] for k, b in ratios.items()}}, f, indent=1)
+        ns, ratios = measure_torch(), TORCH_RATIOS  # imports torch: the envelope reads its version
+    report = {**_harness.envelope("call_overhead_mechanism" if args.mechanism else "call_overhead"),
+              "mode": "mechanism (no torch)" if args.mechanism else "torch",
+              "vectorcall_readers": bool(_core.VECTORCALL_READERS), "ns_per_call": ns,
+              "ratios": {k: ns[k] / ns[b] for k, b in ratios.items()}}
+    _harness.print_figures(report, baselines=ratios)
+    _harness.Output(args).write(report)
 
 
 if __name__ == "__main__":

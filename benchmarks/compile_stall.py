@@ -14,26 +14,24 @@ and compile, fxguard), each in a fresh process:
 The GIL caps a warm thread while another compiles, stock torch included, so
 fxguard is judged against stock's own ratio.
 
-    python benchmarks/compile_stall.py [--device cuda] [--threads 3] [--json out.json]
+    python benchmarks/compile_stall.py [--device cuda] [--threads 3] [--json out.json] [--save]
 
 ``--eager-flex``: the warm step calls ``flex_attention`` uncompiled (torch
 wraps it in ``_set_compilation_env`` and a cached HOP compile), the path where
 fxguard's config-window lock (torch <= 2.12) holds dynamo's compile_lock;
-mode ``fxguard-nowindow`` is fxguard with ``config_window_lock=False``.
+mode ``fxguard-nowindow`` is fxguard with ``config_window_lock=False``; --save writes
+to results/compile_stall_eager_flex/.
 """
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
+
+import _harness
 
 MODES = ("stock", "serialized", "fxguard")
 OPTIONS = {"fxguard": {}, "fxguard-nowindow": {"config_window_lock": False}}
@@ -79,7 +77,7 @@ def child(mode: str, device: str, threads: int, compiles: int, solo_s: float, ou
                     leaked = step()
                 leaks[0] += leaked
             except Exception as e:  # every failure counts
-                errors.append(f"{type(e).__name__}: {str(e).splitlines()[0][:120]}")
+                errors.append(_harness.error_kind(e))
             stamps[i].append(time.perf_counter())
 
     workers = [threading.Thread(target=warm, args=(i,), daemon=True) for i in range(threads - 1)]
@@ -128,25 +126,12 @@ def child(mode: str, device: str, threads: int, compiles: int, solo_s: float, ou
 
 
 def run_mode(mode: str, args: argparse.Namespace) -> dict:
-    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
-        out = os.path.join(tmp, "result.json")
-        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"),
-                   TORCHINDUCTOR_FX_GRAPH_CACHE="0", PYTHONUNBUFFERED="1")
-        cmd = [sys.executable, __file__, "--child", mode, "--device", args.device, "--threads",
-               str(args.threads), "--compiles", str(args.compiles), "--solo", str(args.solo), "--out", out]
-        cmd += ["--eager-flex"] if args.eager_flex else []
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
-        if proc.returncode != 0 or not os.path.exists(out):
-            return {"mode": mode, "status": "failed", "detail": (proc.stdout + proc.stderr)[-2000:]}
-        with open(out) as f:
-            return dict(json.load(f), status="ok")
-
-
-def versions() -> dict:
-    import torch
-    return {"date": datetime.date.today().isoformat(), "torch": torch.__version__,
-            "python": platform.python_version(), "machine": platform.machine(),
-            "cpus": os.cpu_count(), "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+    argv = ["--child", mode, "--device", args.device, "--threads", str(args.threads),
+            "--compiles", str(args.compiles), "--solo", str(args.solo)]
+    argv += ["--eager-flex"] if args.eager_flex else []
+    result = _harness.in_fresh_process(__file__, argv, caches=("inductor",), timeout=args.timeout,
+                                       env={"TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "PYTHONUNBUFFERED": "1"})
+    return dict(result, status="ok") if "status" not in result else {"mode": mode, **result}
 
 
 def main() -> int:
@@ -158,14 +143,16 @@ def main() -> int:
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--eager-flex", action="store_true", help="warm steps call flex_attention uncompiled")
-    p.add_argument("--json")
+    _harness.add_output_options(p)
     p.add_argument("--child")
     p.add_argument("--out")
     args = p.parse_args()
     if args.child:
         child(args.child, args.device, args.threads, args.compiles, args.solo, args.out, args.eager_flex)
         return 0
-    report = {"versions": versions(), "args": {k: v for k, v in vars(args).items() if k not in ("child", "out")},
+    report = {**_harness.envelope("compile_stall_eager_flex" if args.eager_flex else "compile_stall",
+                                  import_torch=True),
+              "args": {k: v for k, v in vars(args).items() if k not in ("child", "out", "json", "save")},
               "modes": {}}
     for mode in args.modes.split(","):
         report["modes"][mode] = r = run_mode(mode, args)
@@ -174,9 +161,7 @@ def main() -> int:
     if stock.get("ratio") and ours.get("ratio"):
         report["fxguard_ratio_vs_stock"] = round(ours["ratio"] / stock["ratio"], 3)
         print("fxguard ratio / stock ratio:", report["fxguard_ratio_vs_stock"])
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+    _harness.Output(args).write(report)
     return 0 if all(m.get("status") == "ok" for m in report["modes"].values()) else 1
 
 

@@ -15,7 +15,7 @@ Modes, each in a fresh process with its own inductor/triton cache:
     python benchmarks/concurrent_compile.py                       # CPU, tiny, all modes
     python benchmarks/concurrent_compile.py --device cuda         # all threads on one GPU
     python benchmarks/concurrent_compile.py --devices 0,1,2       # one thread per GPU
-    ... --json out.json --plot memory.png
+    ... --json out.json --plot memory.png   (or --save: results/concurrent_compile/)
 
 On CPU, flex_attention has no backward (torch raises NotImplementedError), so
 the CPU variant runs forward-only steps and says so.
@@ -23,18 +23,20 @@ the CPU variant runs forward-only steps and says so.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import json
 import os
-import platform
 import random
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 import traceback
 from collections import Counter
+from dataclasses import dataclass
+
+import _harness
 
 MODES = ("stock", "always-false", "serialized", "fxguard")
 SIZES = {  # tiny on CPU so that all four modes finish in minutes on 2 cores
@@ -91,163 +93,204 @@ def document_mask(torch, create_block_mask, seq_len, rng, device):
     return create_block_mask(doc_causal, None, None, seq_len, seq_len, device=device)
 
 
-def classify(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {text[:90]}"
+def prepare_mode(mode: str):
+    """torch, with the mode's guard or workaround in place before any torch.compile."""
+    import torch
+
+    if mode == "fxguard":
+        import fxguard
+        fxguard.install()
+    elif mode == "always-false":
+        torch.fx._symbolic_trace.is_fx_symbolic_tracing = lambda: False
+    return torch
 
 
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+def mode_devices(args) -> list[str]:
+    if args.devices:
+        return [f"cuda:{d}" for d in args.devices.split(",")]
+    return [args.device] * args.threads
+
+
+@dataclass
+class Watch:
+    """What the watching thread has seen: last progress, last success, the measured window."""
+    last_progress: float
+    last_success: float
+    last_total: int = -1
+    last_steps: int = 0
+    last_print: float = 0.0
+    window_start: float | None = None
+    steady_at: float | None = None  # rates count from here: the second half of the window
+    steady_steps0: int = 0
+    steady_tokens0: int = 0
+    stacks: str = ""
+
+
+class DrafterRun:
+    """One mode's drafter threads, and what they share with the thread that watches them."""
+
+    def __init__(self, torch, args, devices: list[str]):
+        from torch.nn.attention.flex_attention import create_block_mask
+        self.torch, self.args, self.devices = torch, args, devices
+        self.create_block_mask = create_block_mask
+        self.kind = "cuda" if devices[0].startswith("cuda") else "cpu"
+        self.size = SIZES[self.kind]
+        self.train = self.kind == "cuda"  # CPU flex_attention has no backward
+        self.step_lock = threading.Lock() if args.mode == "serialized" else contextlib.nullcontext()
+        n = len(devices)
+        self.steps, self.tokens, self.first_step_at = [0] * n, [0] * n, [None] * n
+        self.errors: Counter = Counter()
+        self.first_tracebacks: dict[str, str] = {}
+        self.samples: list[dict] = []
+        self.stop = threading.Event()
+        self.start = time.monotonic()
+
+    # -- the drafter threads
+
+    def start_threads(self) -> None:
+        if self.kind == "cuda":  # the allocator's stats are only valid once a device was used
+            for d in sorted(set(self.devices)):
+                self.torch.zeros(1, device=d)
+        for i in range(len(self.devices)):
+            threading.Thread(target=self.drafter, args=(i,), daemon=True, name=f"drafter-{i}").start()
+
+    def drafter(self, i: int) -> None:
+        torch, device, size = self.torch, self.devices[i], self.size
+        rng = random.Random(self.args.seed + i)
+        torch.manual_seed(self.args.seed + i)
+        model = build_model(torch, size["dim"], size["heads"], size["layers"], device)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4) if self.train else None
+        while not self.stop.is_set():
+            seq_len = rng.choice(size["seq_lens"])
+            try:
+                with self.step_lock:
+                    self.step(model, opt, seq_len, rng, device)
+                self.steps[i] += 1
+                self.tokens[i] += seq_len
+            except Exception as e:  # keep going: count and classify
+                self.count_error(e)
+                time.sleep(0.01)
+            if self.first_step_at[i] is None:
+                self.first_step_at[i] = time.monotonic() - self.start
+
+    def step(self, model, opt, seq_len: int, rng, device: str) -> None:
+        torch = self.torch
+        block_mask = document_mask(torch, self.create_block_mask, seq_len, rng, device)
+        x = torch.randn(1, seq_len, self.size["dim"], device=device)
+        if self.train:
+            loss = model(x, block_mask).float().pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        else:
+            with torch.no_grad():
+                model(x, block_mask)
+        if self.kind == "cuda":
+            torch.cuda.synchronize(device)
+
+    def count_error(self, e: Exception) -> None:
+        what = _harness.error_kind(e, width=90)
+        if what not in self.errors:
+            self.first_tracebacks[what] = traceback.format_exc()[-6000:]
+        self.errors[what] += 1
+
+    # -- the watching thread
+
+    def watch(self) -> tuple[str, Watch]:
+        """Samples until the window is over or nothing moves; the status, and what it saw."""
+        w = Watch(last_progress=time.monotonic(), last_success=time.monotonic())
+        while True:
+            time.sleep(self.args.sample)
+            now = time.monotonic()
+            self.observe(now, w)
+            status = self.verdict(now, w)
+            if status:
+                return status, w
+
+    def observe(self, now: float, w: Watch) -> None:
+        total = sum(self.steps) + sum(self.errors.values())
+        if total != w.last_total:
+            w.last_total, w.last_progress = total, now
+        if sum(self.steps) != w.last_steps:
+            w.last_steps, w.last_success = sum(self.steps), now
+        self.samples.append({"t": round(now - self.start, 2), "steps": sum(self.steps),
+                             "memory": self.memory()})
+        if now - w.last_print >= self.args.progress:
+            w.last_print = now
+            print(f"  [{self.args.mode}] t={now - self.start:5.0f}s steps/thread={self.steps} "
+                  f"errors={sum(self.errors.values())}", flush=True)
+        if w.window_start is None and all(f is not None for f in self.first_step_at):
+            w.window_start = now
+        # Rates count the second half of the window: the first half still
+        # compiles the shapes that no thread has met yet.
+        half = self.args.seconds / 2
+        if w.window_start is not None and w.steady_at is None and now - w.window_start >= half:
+            w.steady_at, w.steady_steps0, w.steady_tokens0 = now, sum(self.steps), sum(self.tokens)
+
+    def memory(self) -> dict:
+        """Peak memory since the last sample per GPU, or the process's RSS on CPU."""
+        if self.kind != "cuda":
+            return {"cpu": _harness.rss_bytes()}
+        mem = {d: self.torch.cuda.max_memory_allocated(d) for d in sorted(set(self.devices))}
+        for d in mem:
+            self.torch.cuda.reset_peak_memory_stats(d)
+        return mem
+
+    def verdict(self, now: float, w: Watch) -> str | None:
+        """How the mode ended, or None while it goes on."""
+        if w.window_start is not None and now - w.window_start >= self.args.seconds:
+            return "ok"
+        if self.errors and now - w.last_success > self.args.stall:
+            return "failing"  # errors only: every step fails
+        if now - w.last_progress > self.args.stall:
+            w.stacks = all_stacks()
+            return "deadlocked"
+        if now - self.start > self.args.max_seconds:
+            return "timeout"
+        return None
+
+    def result(self, status: str, w: Watch) -> dict:
+        window = (time.monotonic() - w.steady_at) if w.steady_at else None
+        first = self.first_step_at
+        result = {
+            "status": status,
+            "train": self.train,
+            "threads": len(self.devices),
+            "devices": self.devices,
+            "time_to_first_step_s": max(first) if all(f is not None for f in first) else None,
+            "first_step_s_per_thread": first,
+            "steady_window_s": window,  # the second half of --seconds after every thread's first step
+            "steps_per_s": (sum(self.steps) - w.steady_steps0) / window if window else None,
+            "tokens_per_s": (sum(self.tokens) - w.steady_tokens0) / window if window else None,
+            "steps_per_thread": self.steps,
+            "errors": sum(self.errors.values()),
+            "error_kinds": dict(self.errors),
+            "first_tracebacks": self.first_tracebacks,
+            "graphs_compiled": _counter(self.torch, "stats", "unique_graphs"),
+            "recompiles": _counter(self.torch, "recompiles", None),
+            "memory_samples": self.samples,
+            "memory_flatness": flatness(self.samples, w.steady_at and (w.steady_at - self.start)),
+        }
+        if status == "deadlocked":
+            result["stacks"] = w.stacks[-20000:]
+        return result
 
 
 def run_mode(args) -> dict:
-    """One mode, in this process.  Returns the figures as a dict."""
-    import torch
-
-    if args.mode == "fxguard":
-        import fxguard
-        fxguard.install()
-    elif args.mode == "always-false":
-        torch.fx._symbolic_trace.is_fx_symbolic_tracing = lambda: False  # before any torch.compile
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    devices = [d for d in args.devices.split(",")] if args.devices else [args.device] * args.threads
-    if args.devices:
-        devices = [f"cuda:{d}" for d in devices]
-    kind = "cuda" if devices[0].startswith("cuda") else "cpu"
-    size = SIZES[kind]
-    train = kind == "cuda"  # CPU flex_attention has no backward
-    step_lock = threading.Lock()
-    n = len(devices)
-    steps = [0] * n
-    first_step_at = [None] * n
-    errors: Counter = Counter()
-    first_tracebacks: dict[str, str] = {}
-    samples: list[dict] = []
-    stop = threading.Event()
-    tokens = [0] * n
-    start = time.monotonic()
-
-    def drafter(i: int) -> None:
-        device = devices[i]
-        rng = random.Random(args.seed + i)
-        torch.manual_seed(args.seed + i)
-        model = build_model(torch, size["dim"], size["heads"], size["layers"], device)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4) if train else None
-        while not stop.is_set():
-            seq_len = rng.choice(size["seq_lens"])
-            try:
-                ctx = step_lock if args.mode == "serialized" else _null()
-                with ctx:
-                    block_mask = document_mask(torch, create_block_mask, seq_len, rng, device)
-                    x = torch.randn(1, seq_len, size["dim"], device=device)
-                    if train:
-                        loss = model(x, block_mask).float().pow(2).mean()
-                        loss.backward()
-                        opt.step()
-                        opt.zero_grad(set_to_none=True)
-                    else:
-                        with torch.no_grad():
-                            model(x, block_mask)
-                    if kind == "cuda":
-                        torch.cuda.synchronize(device)
-                steps[i] += 1
-                tokens[i] += seq_len
-            except Exception as e:  # keep going: count and classify
-                what = classify(e)
-                if what not in errors:
-                    first_tracebacks[what] = traceback.format_exc()[-6000:]
-                errors[what] += 1
-                time.sleep(0.01)
-            if first_step_at[i] is None:
-                first_step_at[i] = time.monotonic() - start
-
-    if kind == "cuda":  # the allocator's stats are only valid once a device was used
-        for d in sorted(set(devices)):
-            torch.zeros(1, device=d)
-    threads = [threading.Thread(target=drafter, args=(i,), daemon=True, name=f"drafter-{i}")
-               for i in range(n)]
-    for t in threads:
-        t.start()
-
-    # Sample memory, print progress, watch for a stall.
-    window_start = steady_at = steady_steps0 = steady_tokens0 = None
-    last_progress, last_total, last_print = time.monotonic(), -1, 0.0
-    last_success, last_steps = time.monotonic(), 0
-    status = "ok"
-    while True:
-        time.sleep(args.sample)
-        now = time.monotonic()
-        total = sum(steps) + sum(errors.values())
-        if total != last_total:
-            last_total, last_progress = total, now
-        if sum(steps) != last_steps:
-            last_steps, last_success = sum(steps), now
-        if kind == "cuda":
-            mem = {d: torch.cuda.max_memory_allocated(d) for d in sorted(set(devices))}
-            for d in mem:
-                torch.cuda.reset_peak_memory_stats(d)
-        else:
-            mem = {"cpu": rss_bytes()}
-        samples.append({"t": round(now - start, 2), "steps": sum(steps), "memory": mem})
-        if now - last_print >= args.progress:
-            last_print = now
-            print(f"  [{args.mode}] t={now - start:5.0f}s steps/thread={steps} errors={sum(errors.values())}",
-                  flush=True)
-        if window_start is None and all(f is not None for f in first_step_at):
-            window_start = now
-        # Rates count the second half of the window: the first half still
-        # compiles the shapes that no thread has met yet.
-        if window_start is not None and steady_at is None and now - window_start >= args.seconds / 2:
-            steady_at, steady_steps0, steady_tokens0 = now, sum(steps), sum(tokens)
-        if window_start is not None and now - window_start >= args.seconds:
-            break
-        if errors and now - last_success > args.stall:
-            status = "failing"  # errors only: every step fails
-            break
-        if now - last_progress > args.stall:
-            status = "deadlocked"
-            with tempfile.NamedTemporaryFile("w+", suffix=".txt", delete=False) as f:
-                faulthandler.dump_traceback(file=f, all_threads=True)
-                f.seek(0)
-                stacks = f.read()
-            break
-        if now - start > args.max_seconds:
-            status = "timeout"
-            break
-    stop.set()
-    window = (time.monotonic() - steady_at) if steady_at else None
-    result = {
-        "status": status,
-        "train": train,
-        "threads": n,
-        "devices": devices,
-        "time_to_first_step_s": max(first_step_at) if all(f is not None for f in first_step_at) else None,
-        "first_step_s_per_thread": first_step_at,
-        "steady_window_s": window,  # the second half of --seconds after every thread's first step
-        "steps_per_s": (sum(steps) - steady_steps0) / window if window else None,
-        "tokens_per_s": (sum(tokens) - steady_tokens0) / window if window else None,
-        "steps_per_thread": steps,
-        "errors": sum(errors.values()),
-        "error_kinds": dict(errors),
-        "first_tracebacks": first_tracebacks,
-        "graphs_compiled": _counter(torch, "stats", "unique_graphs"),
-        "recompiles": _counter(torch, "recompiles", None),
-        "memory_samples": samples,
-        "memory_flatness": flatness(samples, steady_at and (steady_at - start)),
-    }
-    if status == "deadlocked":
-        result["stacks"] = stacks[-20000:]
-    return result
+    """One mode, in this process: its figures."""
+    torch = prepare_mode(args.mode)
+    run = DrafterRun(torch, args, mode_devices(args))
+    run.start_threads()
+    status, seen = run.watch()
+    run.stop.set()
+    return run.result(status, seen)
 
 
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+def all_stacks() -> str:
+    with tempfile.TemporaryFile("w+", suffix=".txt") as f:
+        faulthandler.dump_traceback(file=f, all_threads=True)
+        f.seek(0)
+        return f.read()
 
 
 def _counter(torch, group, key):
@@ -270,39 +313,14 @@ def flatness(samples, steady_from):
 
 # -- the orchestrator: one fresh process per mode --------------------------------
 
-def versions() -> dict:
-    import torch
-    info = {"torch": torch.__version__, "python": platform.python_version(),
-            "machine": platform.machine(), "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d"),
-            "platform": platform.platform()}
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(0)
-        info["gpus"] = torch.cuda.device_count()
-    try:
-        import fxguard
-        info["fxguard"] = fxguard.__version__
-    except ImportError:
-        pass
-    return info
-
-
 def run_all(args) -> dict:
-    report = {"versions": versions(), "settings": {k: v for k, v in vars(args).items() if k != "worker"},
-              "modes": {}}
+    settings = {k: v for k, v in vars(args).items() if k not in ("worker", "mode", "out", "json", "save")}
+    report = {**_harness.envelope("concurrent_compile", import_torch=True), "settings": settings, "modes": {}}
     for mode in args.modes.split(","):
         print(f"== mode {mode}", flush=True)
-        with tempfile.TemporaryDirectory(prefix=f"fxguard-bench-{mode}-", ignore_cleanup_errors=True) as tmp:
-            env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"),
-                       TRITON_CACHE_DIR=os.path.join(tmp, "triton"), PYTHONUNBUFFERED="1")
-            out = os.path.join(tmp, "mode.json")
-            cmd = [sys.executable, __file__, "--worker", "--mode", mode, "--out", out] + _passthrough(args)
-            try:
-                proc = subprocess.run(cmd, env=env, timeout=args.max_seconds + args.stall + 120)
-                ok = proc.returncode == 0 and os.path.exists(out)
-                report["modes"][mode] = json.load(open(out)) if ok else \
-                    {"status": f"crashed (exit {proc.returncode})", "errors": None}
-            except subprocess.TimeoutExpired:
-                report["modes"][mode] = {"status": "deadlocked (no answer)", "errors": None}
+        report["modes"][mode] = _harness.in_fresh_process(
+            __file__, ["--worker", "--mode", mode] + _passthrough(args), capture=False,
+            env={"PYTHONUNBUFFERED": "1"}, timeout=args.max_seconds + args.stall + 120)
     print_table(report)
     return report
 
@@ -315,8 +333,8 @@ def _passthrough(args) -> list[str]:
 
 
 def print_table(report: dict) -> None:
-    v = report["versions"]
-    print(f"\ntorch {v['torch']}  Python {v['python']}  {v.get('gpu', v['machine'])}  {v['date']}")
+    print(f"\ntorch {report['torch']}  Python {report['python']}  "
+          f"{report['machine'].get('gpu', report['machine']['arch'])}  {report['date']}")
     cols = ["mode", "status", "train", "first step s", "steps/s", "tokens/s", "errors", "graphs", "mem flat"]
     print("  ".join(f"{c:>12}" for c in cols))
     for mode, r in report["modes"].items():
@@ -346,9 +364,8 @@ def plot(report: dict, path: str) -> None:
         for dev in (samples[-1]["memory"] if samples else []):
             ax.plot([s["steps"] for s in samples], [s["memory"][dev] / 2**20 for s in samples],
                     label=f"{mode} ({dev})")
-    v = report["versions"]
     ax.set(xlabel="steps completed (all threads)", ylabel="peak memory per window, MiB",
-           title=f"memory over steps: torch {v['torch']}, {v.get('gpu', 'CPU RSS')}")
+           title=f"memory over steps: torch {report['torch']}, {report['machine'].get('gpu', 'CPU RSS')}")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -366,8 +383,8 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sample", type=float, default=0.5, help="memory sampling period, s")
     p.add_argument("--progress", type=float, default=5, help="progress line period, s")
-    p.add_argument("--json")
-    p.add_argument("--plot")
+    _harness.add_output_options(p)
+    p.add_argument("--plot", metavar="PATH", help="memory over steps (needs matplotlib)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--mode", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
@@ -382,9 +399,7 @@ def main(argv=None) -> int:
     if unknown:
         p.error(f"unknown modes {sorted(unknown)}")
     report = run_all(args)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+    _harness.Output(args).write(report)
     if args.plot:
         plot(report, args.plot)
     return 0

@@ -7,17 +7,16 @@ never runs.  Each case runs in a fresh process with a fresh inductor cache:
   train      first forward (compile) + first backward
   fwd-only   first forward with inputs that require grad, backward never run
 
-    python benchmarks/eager_backward_cost.py [--device cuda] [--json out.json]
+    python benchmarks/eager_backward_cost.py [--device cuda] [--json out.json] [--save]
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import tempfile
 import time
+
+import _harness
 
 
 def one(device: str, eager: bool, case: str) -> dict:
@@ -48,33 +47,30 @@ def one(device: str, eager: bool, case: str) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--device", default="cpu")
-    p.add_argument("--json")
+    _harness.add_output_options(p)
     p.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
-        print(json.dumps(one(args.device, args.one[0] == "eager", args.one[1])))
+        with open(args.out, "w") as f:
+            json.dump(one(args.device, args.one[0] == "eager", args.one[1]), f)
         return
-    import torch
     rows = {}
     for case in ("train", "fwd-only"):
         for eager in (False, True):
-            with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
-                env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=f"{tmp}/i", TRITON_CACHE_DIR=f"{tmp}/t")
-                out = subprocess.run([sys.executable, __file__, "--device", args.device, "--one",
-                                      "eager" if eager else "lazy", case],
-                                     env=env, capture_output=True, text=True, check=True)
-                rows[f"{case} {'eager' if eager else 'lazy'}"] = json.loads(out.stdout.strip().splitlines()[-1])
-    info = {"torch": torch.__version__, "device": args.device, "date": time.strftime("%Y-%m-%d"),
-            "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None}
-    print(f"torch {info['torch']} on {info['gpu'] or 'CPU'}  {info['date']}")
+            rows[f"{case} {'eager' if eager else 'lazy'}"] = r = _harness.in_fresh_process(
+                __file__, ["--device", args.device, "--one", "eager" if eager else "lazy", case])
+            if "status" in r:
+                sys.exit(f"{case}, {'eager' if eager else 'lazy'}: {r['status']}\n{r['detail']}")
+    report = {**_harness.envelope("eager_backward_cost", import_torch=True), "device": args.device,
+              "seconds": rows}
+    print(f"torch {report['torch']} on {report['machine'].get('gpu', 'CPU')}  {report['date']}")
     for case in ("train", "fwd-only"):
         lazy, eager = rows[f"{case} lazy"], rows[f"{case} eager"]
         for key in lazy:
             print(f"{case:<9} {key:<11} lazy {lazy[key]:7.2f} s   eager {eager[key]:7.2f} s   "
                   f"ratio {eager[key] / lazy[key]:.2f}x")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"versions": info, "seconds": rows}, f, indent=1)
+    _harness.Output(args).write(report)
 
 
 if __name__ == "__main__":

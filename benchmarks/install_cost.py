@@ -11,19 +11,19 @@ calls install() (timed), then uninstall() + install() again (timed):
 Runs rotate between the setups so drift hits all alike.  Goals (issue "A new
 user's first hour"): warm <= 0.1x of import torch, cold <= 0.7x.  JSON line.
 
-    python benchmarks/install_cost.py [--n 5] [--json out.json]
+    python benchmarks/install_cost.py [--n 5] [--json out.json] [--save]
 """
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
+
+import _harness
 
 CHILD = r"""
 import json, sys, time
@@ -61,7 +61,7 @@ def child(code: str, cache: str, *args: str) -> dict | list:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=5, help="runs per setup")
-    parser.add_argument("--json")
+    _harness.add_output_options(parser)
     args = parser.parse_args()
     runs: dict[str, list[dict]] = {"cold": [], "warm": [], "off": []}
     with tempfile.TemporaryDirectory() as tmp:
@@ -79,9 +79,7 @@ def main() -> None:
         return [r[key] / r["import_torch"] for r in runs[name]]
 
     result = {
-        "benchmark": "install_cost", "date": datetime.date.today().isoformat(),
-        "machine": {"arch": platform.machine(), "cpus": os.cpu_count(), "system": platform.system()},
-        "python": platform.python_version(), "torch": runs["cold"][0]["torch"],
+        **_harness.envelope("install_cost", torch_version=runs["cold"][0]["torch"]),
         "runs_per_setup": args.n, "goal_ratio": {"warm": 0.1, "cold": 0.7},
         "median_ratio_to_import_torch": {
             name: round(statistics.median(ratios(name, "install")), 3) for name in runs},
@@ -94,10 +92,7 @@ def main() -> None:
                    for key in ("import_torch", "install", "reinstall")} for name in runs},
         "cache_misses": {name: [r["cache"]["misses"] for r in runs[name]] for name in runs},
     }
-    print(json.dumps(result))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    _harness.Output(args).write(result, echo=True)
 
 
 if __name__ == "__main__":

@@ -13,18 +13,17 @@ fxguard), each in a fresh process with its own inductor cache:
 
 No download: the model is built from a config.  Needs ``transformers``.
 
-    python benchmarks/llama_threads.py [--device cuda] [--threads 3] [--seconds 40] [--json out.json]
+    python benchmarks/llama_threads.py [--device cuda] [--threads 3] [--seconds 40] [--json out.json] [--save]
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import tempfile
 import threading
 import time
+
+import _harness
 
 MODES = ("stock", "serialized", "fxguard")
 SEQ_LENS = {"cpu": (64, 96, 128, 160), "cuda": (256, 512, 768, 1024, 1536, 2048)}
@@ -74,7 +73,7 @@ def child(mode: str, device: str, threads: int, seconds: float, out: str) -> Non
                 else:
                     step(model, opt, ids)
             except Exception as e:
-                errors.append(f"{type(e).__name__}: {str(e).splitlines()[0][:120]}")
+                errors.append(_harness.error_kind(e))
                 if len(errors) > 200:
                     stop.set()
             n += 1
@@ -119,46 +118,32 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=3)
     p.add_argument("--seconds", type=float, default=30)
     p.add_argument("--modes", default=",".join(MODES))
-    p.add_argument("--json")
+    _harness.add_output_options(p)
     p.add_argument("--child")
     p.add_argument("--out")
     args = p.parse_args()
     if args.child:
         child(args.child, args.device, args.threads, args.seconds, args.out)
         return 0
-    import datetime
-    import platform
-
-    import torch
-    report = {"versions": {"date": datetime.date.today().isoformat(), "torch": torch.__version__,
-                           "python": platform.python_version(), "cpus": os.cpu_count(),
-                           "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
-              "args": {k: v for k, v in vars(args).items() if k not in ("child", "out")}, "modes": {}}
+    report = {**_harness.envelope("llama_threads", import_torch=True),
+              "args": {k: v for k, v in vars(args).items() if k not in ("child", "out", "json", "save")},
+              "modes": {}}
+    output = _harness.Output(args)
     for mode in args.modes.split(","):
-        with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
-            out = os.path.join(tmp, "r.json")
-            env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"),
-                       TRITON_CACHE_DIR=os.path.join(tmp, "triton"), TORCHINDUCTOR_FX_GRAPH_CACHE="0")
-            proc = subprocess.run([sys.executable, __file__, "--child", mode, "--device", args.device,
-                                   "--threads", str(args.threads), "--seconds", str(args.seconds),
-                                   "--out", out], env=env, capture_output=True, text=True,
-                                  timeout=args.seconds + 400)
-            r = json.load(open(out)) if proc.returncode == 0 and os.path.exists(out) else \
-                {"mode": mode, "status": "failed", "detail": (proc.stdout + proc.stderr)[-2000:]}
-        report["modes"][mode] = r
-        print(json.dumps(r), flush=True)
-        if args.json:  # after each mode: a cut-off run keeps what it measured
-            with open(args.json, "w") as f:
-                json.dump(report, f, indent=2)
+        argv = ["--child", mode, "--device", args.device, "--threads", str(args.threads),
+                "--seconds", str(args.seconds)]
+        r = _harness.in_fresh_process(__file__, argv, timeout=args.seconds + 400,
+                                      env={"TORCHINDUCTOR_FX_GRAPH_CACHE": "0"})
+        report["modes"][mode] = r if "status" not in r else {"mode": mode, **r}
+        print(json.dumps(report["modes"][mode]), flush=True)
+        output.write(report)  # after each mode: a cut-off run keeps what it measured
     ours, lock = report["modes"].get("fxguard", {}), report["modes"].get("serialized", {})
     if ours.get("time_until_all_stepped_s") and lock.get("time_until_all_stepped_s"):
         report["fxguard_vs_serialized_time_until_all_stepped"] = round(
             ours["time_until_all_stepped_s"] / lock["time_until_all_stepped_s"], 3)
         print("time until all stepped, fxguard / serialized:",
               report["fxguard_vs_serialized_time_until_all_stepped"])
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+    output.write(report)
     return 0 if all("status" not in m for m in report["modes"].values()) else 1
 
 

@@ -8,19 +8,18 @@ in this thread's CPU time.  Also
 the same while another thread sits inside a symbolic_trace (then every call
 looks up its thread's override).  Goal: call <= 1.03x stock.
 
-    python benchmarks/module_call.py [--json out.json]
+    python benchmarks/module_call.py [--json out.json] [--save]
 """
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import threading
 import time
 import timeit
 
 import torch
 
+import _harness
 import fxguard
 
 N = 20_000
@@ -89,21 +88,14 @@ def measure() -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--json")
+    _harness.add_output_options(p)
     args = p.parse_args()
     ns = measure()
     ratios = {k: v / ns["stock: " + k.split(": ", 1)[1]] for k, v in ns.items()
               if not k.startswith("stock")}
-    info = {"torch": torch.__version__, "python": platform.python_version(),
-            "machine": platform.machine(), "date": time.strftime("%Y-%m-%d"),
-            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
-    print(f"torch {info['torch']}  Python {info['python']}  {info['machine']}  {info['date']}")
-    for k, v in ns.items():
-        r = f"{ratios[k]:.3f}x" if k in ratios else ""
-        print(f"{k:<70} {v:8.1f} ns {r:>7}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"versions": info, "ns_per_call": ns, "ratios": ratios}, f, indent=1)
+    report = {**_harness.envelope("module_call"), "ns_per_call": ns, "ratios": ratios}
+    _harness.print_figures(report, width=70)
+    _harness.Output(args).write(report)
 
 
 if __name__ == "__main__":

@@ -16,15 +16,12 @@ per-start differences; goal: unset <= 2 ms over without); and, in this
 process, what site spends on the .pth file with FXGUARD unset
 (site.addpackage: open, read, run the line) and on the line alone.  JSON line.
 
-    python benchmarks/startup.py [--n 300] [--json out.json]
+    python benchmarks/startup.py [--n 300] [--json out.json] [--save]
 """
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -32,6 +29,8 @@ import sys
 import tempfile
 import time
 import timeit
+
+import _harness
 
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
 PTH = "fxguard-startup.pth"
@@ -74,7 +73,7 @@ def in_process_us(site_dir: str) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=300, help="starts per setup")
-    parser.add_argument("--json")
+    _harness.add_output_options(parser)
     args = parser.parse_args()
     base = {k: v for k, v in os.environ.items() if not k.startswith(("FXGUARD", "PYTHON"))}
     times: dict[str, list[float]] = {"without": [], "unset": [], "on": []}
@@ -95,9 +94,7 @@ def main() -> None:
         return statistics.median(a - b for a, b in zip(times[name], times["without"]))
 
     result = {
-        "benchmark": "startup", "date": datetime.date.today().isoformat(),
-        "machine": {"arch": platform.machine(), "cpus": os.cpu_count(), "system": platform.system()},
-        "python": platform.python_version(), "starts_per_setup": args.n,
+        **_harness.envelope("startup"), "starts_per_setup": args.n,
         "goal_added_ms_unset": 2.0,
         "median_ms": {name: round(statistics.median(v), 2) for name, v in times.items()},
         "added_ms": {"unset": round(added("unset"), 3), "on": round(added("on"), 3)},
@@ -106,10 +103,7 @@ def main() -> None:
         "quartiles_ms": {name: [round(q, 2) for q in statistics.quantiles(v, n=4)]
                          for name, v in times.items()},
     }
-    print(json.dumps(result))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    _harness.Output(args).write(result, echo=True)
 
 
 if __name__ == "__main__":

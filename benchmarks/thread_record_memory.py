@@ -10,23 +10,20 @@ is where fxguard's kept records would show (before they were freed: ~270 B/threa
 Then 10^6 cycles of `with fx_tracing(): with lock: pass` + acquire/release: growth
 of allocated blocks and RSS.  Prints one JSON line.
 
-    python benchmarks/thread_record_memory.py [--threads 20000] [--json out.json]
+    python benchmarks/thread_record_memory.py [--threads 20000] [--json out.json] [--save]
 """
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
-import json
-import os
-import platform
 import sys
-import threading
 import time
 import tracemalloc
 
 import torch
 
+import _harness
+from _harness import rss_bytes, start_and_join
 import fxguard
 from fxguard import _core
 
@@ -45,24 +42,12 @@ def symbolic_trace_body() -> None:
     torch.fx.symbolic_trace(Small())
 
 
-def rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def churn(body, n: int) -> None:
-    for _ in range(n):
-        t = threading.Thread(target=body)
-        t.start()
-        t.join()
-
-
 def per_thread(body, n: int) -> dict:
-    churn(body, max(n // 40, 10))  # warm-up: caches, lazy imports
+    start_and_join(body, max(n // 40, 10))  # warm-up: caches, lazy imports
     gc.collect()
     tracemalloc.start()
-    before, rss_before, start = tracemalloc.get_traced_memory()[0], rss(), time.perf_counter()
-    churn(body, n)
+    before, rss_before, start = tracemalloc.get_traced_memory()[0], rss_bytes(), time.perf_counter()
+    start_and_join(body, n)
     seconds = time.perf_counter() - start
     time.sleep(0.1)           # torch 2.11 drops its reference in the thread's C++ exit code
     fxguard.is_fx_tracing()   # the core's one-entry cache moves off the last dead thread
@@ -71,7 +56,7 @@ def per_thread(body, n: int) -> dict:
     traced = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
     return {"threads": n, "traced_bytes_per_thread": round(traced / n, 2),
-            "rss_bytes_per_thread": round((rss() - rss_before) / n, 1),
+            "rss_bytes_per_thread": round((rss_bytes() - rss_before) / n, 1),
             "seconds": round(seconds, 2)}
 
 
@@ -88,19 +73,19 @@ def cycles(n: int) -> dict:
 
     run(10_000)
     gc.collect()
-    blocks, memory, start = sys.getallocatedblocks(), rss(), time.perf_counter()
+    blocks, memory, start = sys.getallocatedblocks(), rss_bytes(), time.perf_counter()
     run(n)
     seconds = time.perf_counter() - start
     gc.collect()
     return {"cycles": n, "blocks_grown": sys.getallocatedblocks() - blocks,
-            "rss_grown_bytes": rss() - memory, "seconds": round(seconds, 2)}
+            "rss_grown_bytes": rss_bytes() - memory, "seconds": round(seconds, 2)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--threads", type=int, default=20_000)
     parser.add_argument("--cycles", type=int, default=1_000_000)
-    parser.add_argument("--json", metavar="PATH", help="also write the line here")
+    _harness.add_output_options(parser)
     args = parser.parse_args()
     results: dict = {}
     for mode in ("stock", "fxguard"):
@@ -111,20 +96,8 @@ def main() -> None:
                          "symbolic_trace": per_thread(symbolic_trace_body, args.threads // 20)}
     results["fxguard"]["cycles"] = cycles(args.cycles)
     fxguard.uninstall()
-    report = {
-        "benchmark": "thread_record_memory",
-        "date": datetime.date.today().isoformat(),
-        "machine": {"arch": platform.machine(), "cpus": os.cpu_count(),
-                    "processor": platform.processor() or None, "system": platform.system()},
-        "torch": torch.__version__,
-        "python": sys.version.split()[0],
-        "results": results,
-    }
-    line = json.dumps(report)
-    print(line)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(line + "\n")
+    _harness.Output(args).write({**_harness.envelope("thread_record_memory"), "results": results},
+                                echo=True)
 
 
 if __name__ == "__main__":

@@ -9,26 +9,20 @@ the rounds' paired ratios (goal: <= 1.2).  Two cases: the starting thread has no
 overrides, and it has 12 (11 scalars and a list, which each thread gets its
 own copy of; a compile leaves a handful).  Prints one JSON line.
 
-    python benchmarks/thread_start.py [--n 200] [--rounds 41] [--json out.json]
+    python benchmarks/thread_start.py [--n 200] [--rounds 41] [--json out.json] [--save]
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import gc
-import json
-import os
-import platform
 import statistics
-import sys
-import threading
 import time
 
-import torch
 import torch._dynamo.config as dyn
 import torch._inductor.config as ind
 
+import _harness
 import fxguard
 
 
@@ -39,10 +33,7 @@ def noop() -> None:
 def one_round(n: int) -> float:
     """Microseconds per start()+join()."""
     start = time.perf_counter()
-    for _ in range(n):
-        t = threading.Thread(target=noop)
-        t.start()
-        t.join()
+    _harness.start_and_join(noop, n)
     return (time.perf_counter() - start) / n * 1e6
 
 
@@ -89,23 +80,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=200, help="start+join per round and mode")
     parser.add_argument("--rounds", type=int, default=41)
-    parser.add_argument("--json", metavar="PATH", help="also write the line here")
+    _harness.add_output_options(parser)
     args = parser.parse_args()
-    report = {
-        "benchmark": "thread_start",
-        "date": datetime.date.today().isoformat(),
-        "machine": {"arch": platform.machine(), "cpus": os.cpu_count(),
-                    "processor": platform.processor() or None, "system": platform.system()},
-        "torch": torch.__version__,
-        "python": sys.version.split()[0],
-        "n_per_round": args.n, "rounds": args.rounds, "goal_ratio": 1.2,
-        "results": measure(args.n, args.rounds),
-    }
-    line = json.dumps(report)
-    print(line)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(line + "\n")
+    results = measure(args.n, args.rounds)
+    report = {**_harness.envelope("thread_start"), "n_per_round": args.n, "rounds": args.rounds,
+              "goal_ratio": 1.2, "results": results}
+    _harness.Output(args).write(report, echo=True)
 
 
 if __name__ == "__main__":

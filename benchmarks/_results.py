@@ -1,0 +1,258 @@
+"""RESULTS.md's tables, made from results/: run this after adding a result.
+
+    python3 benchmarks/_results.py           # rewrite the tables in RESULTS.md
+    python3 benchmarks/_results.py --check   # exit 1 if they are not what results/ gives
+
+Each folder results/<benchmark>/ with JSON reports gets one table, between
+``<!-- results:<benchmark>:begin -->`` and ``<!-- results:<benchmark>:end -->``:
+a row per report (machine, torch, Python, date, the benchmark's headline figures,
+a link to the file).  Everything outside the markers is written by hand.  Reports
+written before _harness.py (the same figures, their versions under "versions")
+are read alike.  Needs no torch.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+from _harness import NAME, RESULTS
+
+RESULTS_MD = RESULTS.parent / "RESULTS.md"
+MARKERS = re.compile(r"<!-- results:(?P<bench>[a-z0-9_]+):begin -->\n.*?<!-- results:(?P=bench):end -->",
+                     re.DOTALL)
+
+
+# -- formatting ----------------------------------------------------------------------
+
+def num(x, fmt: str = "{:.2f}") -> str:
+    return fmt.format(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else "–"
+
+
+def ratio(x) -> str:
+    if not isinstance(x, (int, float)):
+        return "–"
+    return num(x, "{:.2f}" if x >= 0.1 else "{:.3f}") + "×"
+
+
+def spread(values, fmt: str = "{:.2f}") -> str:
+    values = [v for v in values if isinstance(v, (int, float))]
+    if not values:
+        return "–"
+    low, high = fmt.format(min(values)), fmt.format(max(values))
+    return low if low == high else f"{low}–{high}"
+
+
+def modes(r: dict, names: tuple[str, ...], key, fmt=num) -> str:
+    """One figure of each mode, 'a / b / c' in the order of names ('–' where a mode did not run)."""
+    get = key if callable(key) else (lambda m: m.get(key))
+    return " / ".join(fmt(get(r["modes"][n])) if n in r.get("modes", {}) else "–" for n in names)
+
+
+def text(x) -> str:
+    return "–" if x is None else str(x)
+
+
+# -- each benchmark's headline figures: (column, figure of a report) -----------------
+
+def _ratios(*columns: tuple[str, str]):
+    """(column, key in the report's "ratios")."""
+    return [(column, lambda r, k=key: ratio(r["ratios"].get(k))) for column, key in columns]
+
+
+CC_MODES = ("stock", "always-false", "serialized", "fxguard")
+STALL_MODES = ("stock", "serialized", "fxguard")
+LLAMA_MODES = ("stock", "serialized", "fxguard")
+
+
+def _steps_vs_serialized(r: dict) -> str:
+    ours, lock = r["modes"].get("fxguard", {}), r["modes"].get("serialized", {})
+    if isinstance(ours.get("steps_per_s"), (int, float)) and lock.get("steps_per_s"):
+        return ratio(ours["steps_per_s"] / lock["steps_per_s"])
+    return "–"
+
+
+def _device(r: dict) -> str:
+    args = r.get("args") or r.get("settings") or next(iter(r.get("runs", {}).values()), {})
+    return args.get("device") or (r.get("versions") or r).get("device") or "–"
+
+
+def _median_step_ms(mode: dict):
+    return mode.get("median_step_s") and mode["median_step_s"] * 1e3
+
+
+def _flatness(mode: dict):
+    """The first device's (one device in every run so far)."""
+    return next(iter((mode.get("memory_flatness") or {}).values()), None)
+
+
+def _stall_setup(r: dict) -> str:
+    return f"{r['args']['device']}, {r['args']['threads'] - 1} warm, {r['args']['compiles']} compiles"
+
+
+STALL = [
+    ("setup", _stall_setup),
+    ("ratio: stock / serialized / fxguard", lambda r: modes(r, STALL_MODES, "ratio")),
+    ("fxguard ÷ stock", lambda r: ratio(r.get("fxguard_ratio_vs_stock"))),
+    ("warm steps during compiles", lambda r: modes(r, STALL_MODES, "warm_steps_during_compiles", text)),
+    ("longest wait s", lambda r: modes(r, STALL_MODES, "longest_wait_s")),
+    ("median step ms", lambda r: modes(r, STALL_MODES, _median_step_ms, lambda x: num(x, "{:.1f}"))),
+    ("errors", lambda r: modes(r, STALL_MODES, "errors", text)),
+    ("`is_compiling()` leaks", lambda r: modes(r, STALL_MODES, "is_compiling_leaks", text)),
+]
+
+HEADLINES = {
+    "call_overhead": _ratios(
+        ("`is_fx_symbolic_tracing`", "patched is_fx_symbolic_tracing"),
+        ("`is_fx_tracing`", "patched is_fx_tracing"),
+        ("`is_compiling`", "patched is_compiling"),
+        ("`get_current_meta`", "patched get_current_meta"),
+        ("C `is_fx_tracing`", "fxguard.is_fx_tracing (C)"),
+        ("C `is_fx_symbolic_tracing`", "fxguard.is_fx_symbolic_tracing (C)"),
+        ("`is_fx_symbolic_tracing`, another thread tracing",
+         "patched is_fx_symbolic_tracing, other thread tracing, caller never traced"),
+        ("lock `with` ÷ `threading.Lock`", "fxguard.block_mask_lock with-cycle"),
+    ) + [("after uninstall", lambda r: spread(
+        [v for k, v in r["ratios"].items() if k.endswith("after uninstall")]) + "×")],
+    "call_overhead_mechanism": [
+        ("route", lambda r: "vectorcall" if (r.get("versions", r)).get("vectorcall_readers")
+         else "code calls `Reader.read`")] + _ratios(
+        ("fast reader", "fast reader (C Reader)"),
+        ("fast reader, called from C", "fast reader, called from C"),
+        ("rewritten reader (SlotView)", "rewritten reader (SlotView, no Reader)"),
+        ("C `is_fx_symbolic_tracing`", "fxguard.is_fx_symbolic_tracing (C)"),
+        ("after unpatch", "stock reader after unpatch"),
+        ("lock `with` ÷ `threading.Lock`", "fxguard.block_mask_lock with-cycle"),
+    ),
+    "compile_stall": STALL,
+    "compile_stall_eager_flex": STALL,
+    "concurrent_compile": [
+        ("device", lambda r: _device(r) + ("" if any(m.get("train") for m in r["modes"].values())
+                                           else ", forward only")),
+        ("status: " + " / ".join(CC_MODES), lambda r: modes(r, CC_MODES, "status", text)),
+        ("first step s", lambda r: modes(r, CC_MODES, "time_to_first_step_s", lambda x: num(x, "{:.1f}"))),
+        ("steps/s", lambda r: modes(r, CC_MODES, "steps_per_s", lambda x: num(x, "{:.1f}"))),
+        ("fxguard ÷ serialized steps/s", _steps_vs_serialized),
+        ("errors", lambda r: modes(r, CC_MODES, "errors", text)),
+        ("memory flatness", lambda r: modes(r, CC_MODES, _flatness, lambda x: num(x, "{:.3f}"))),
+    ],
+    "eager_backward_cost": [("device", _device)] + [
+        (column, lambda r, c=case, k=key: ratio(r["seconds"][f"{c} eager"][k] / r["seconds"][f"{c} lazy"][k]))
+        for column, case, key in (("first forward (compile)", "train", "forward_s"),
+                                  ("first backward", "train", "backward_s"),
+                                  ("forward + backward", "train", "total_s"),
+                                  ("forward only, backward never run", "fwd-only", "total_s"))],
+    "install_cost": [
+        (f"{label}: median (max)", lambda r, s=setup: f"{ratio(r['median_ratio_to_import_torch'][s])} "
+                                                     f"({ratio(r['max_ratio_to_import_torch'][s])})")
+        for setup, label in (("warm", "warm cache"), ("cold", "cold cache"), ("off", "no cache"))] + [
+        ("uninstall + install: warm / no cache", lambda r: f"{ratio(r['median_reinstall_ratio']['warm'])} / "
+                                                             f"{ratio(r['median_reinstall_ratio']['off'])}"),
+        ("runs", lambda r: text(r.get("runs_per_setup")))],
+    "llama_threads": [
+        ("device, s", lambda r: f"{r['args']['device']}, {r['args']['seconds']:.0f}"),
+        ("all stepped s: " + " / ".join(LLAMA_MODES),
+         lambda r: modes(r, LLAMA_MODES, "time_until_all_stepped_s")),
+        ("fxguard ÷ serialized", lambda r: ratio(r.get("fxguard_vs_serialized_time_until_all_stepped"))),
+        ("all shapes s", lambda r: modes(r, LLAMA_MODES, "time_until_all_shapes_s")),
+        ("uncompiled flex calls", lambda r: modes(r, LLAMA_MODES, "uncompiled_flex_calls", text)),
+        ("errors", lambda r: modes(r, LLAMA_MODES, "errors", text)),
+    ],
+    "module_call": [
+        (f"{column}{where}", lambda r, k=f"fxguard{where}: {name}": ratio(r["ratios"].get(k)))
+        for where in ("", ", another thread tracing")
+        for column, name in (("tiny module call", "Tiny call (forward returns x)"),
+                             ("`Linear`", "Linear call"), ("`Net`", "Net call (two module calls)"),
+                             ("`net.lin`", "submodule read (net.lin via __getattr__)"))],
+    "startup": [
+        ("median start, ms", lambda r: num(r["median_ms"]["without"])),
+        ("added ms: `FXGUARD` unset", lambda r: "+" + num(r["added_ms"]["unset"])),
+        ("added ms: `FXGUARD=1`", lambda r: "+" + num(r["added_ms"]["on"])),
+        ("`site.addpackage` µs", lambda r: num(r.get("site_addpackage_unset_us"))),
+        ("starts", lambda r: text(r.get("starts_per_setup")))],
+    "thread_record_memory": [
+        ("torch layout", lambda r: f"{r['results'].get('mode')}" +
+         (", stash steals" if r["results"].get("stash_steals") else "")),
+        ("`fx_tracing` threads: B/thread stock / fxguard", lambda r: " / ".join(
+            num(r["results"][m]["fx_tracing"]["traced_bytes_per_thread"]) for m in ("stock", "fxguard"))),
+        ("`symbolic_trace` threads: B/thread", lambda r: " / ".join(
+            num(r["results"][m]["symbolic_trace"]["traced_bytes_per_thread"], "{:.0f}")
+            for m in ("stock", "fxguard"))),
+        ("10^6 cycles: blocks, RSS", lambda r: "+{blocks_grown}, +{rss_grown_bytes} B".format(
+            **r["results"]["fxguard"]["cycles"]))],
+    "thread_start": [
+        (f"{case}: stock µs, ratio", lambda r, c=case: f"{num(r['results'][c]['stock_us'], '{:.1f}')}, "
+                                                        f"{ratio(r['results'][c]['ratio'])}")
+        for case in ("no overrides", "12 overrides")] + [
+        ("rounds × threads", lambda r: f"{r['rounds']} × {r['n_per_round']}")],
+}
+
+
+# -- the tables ----------------------------------------------------------------------
+
+def reports(bench: str) -> list[tuple[Path, dict]]:
+    found = []
+    for path in (RESULTS / bench).glob("*.json"):
+        if not NAME.match(path.stem):
+            raise SystemExit(f"{path}: not a name _harness.py gives (<machine>-torch<v>-<date>[-N].json)")
+        found.append((path, json.loads(path.read_text())))
+    return sorted(found, key=lambda pr: _order(pr[0]))
+
+
+def _order(path: Path) -> tuple:
+    m = NAME.match(path.stem)
+    return m["date"], m["machine"], m["versions"], int(m["run"] or 1)
+
+
+def table(bench: str) -> str:
+    headline = HEADLINES.get(bench)
+    if headline is None:
+        raise SystemExit(f"results/{bench}/: no headline figures for it in {Path(__file__).name}")
+    found = reports(bench)
+    labels = any("label" in r for _, r in found)
+    head = ["machine", "torch", "Python", "date"] + (["run"] if labels else [])
+    head += [column for column, _ in headline] + ["report"]
+    rows = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for path, r in found:
+        v = r.get("versions") or r
+        cells = [NAME.match(path.stem)["machine"], text(v.get("torch")), text(v.get("python")),
+                 text(v.get("date"))] + ([r.get("label", "")] if labels else [])
+        cells += [figure(r) for _, figure in headline]
+        cells.append(f"[json]({path.relative_to(RESULTS.parent).as_posix()})")
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def render(markdown: str) -> str:
+    """markdown with every results table rewritten from results/."""
+    benches = {p.parent.name for p in RESULTS.glob("*/*.json")}
+    marked = {m["bench"] for m in MARKERS.finditer(markdown)}
+    if benches - marked:
+        raise SystemExit(f"{RESULTS_MD.name} has no <!-- results:NAME:begin/end --> markers for "
+                         f"{', '.join(sorted(benches - marked))}")
+    if marked - benches:
+        raise SystemExit(f"{RESULTS_MD.name} has markers for {', '.join(sorted(marked - benches))}, "
+                         "which results/ has no JSON for")
+    return MARKERS.sub(lambda m: f"<!-- results:{m['bench']}:begin -->\n{table(m['bench'])}\n"
+                                 f"<!-- results:{m['bench']}:end -->", markdown)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="only say whether RESULTS.md is current")
+    args = parser.parse_args(argv)
+    current = RESULTS_MD.read_text()
+    wanted = render(current)
+    if args.check:
+        if wanted != current:
+            print(f"{RESULTS_MD} is not what results/ gives: run python3 benchmarks/_results.py")
+            return 1
+        return 0
+    RESULTS_MD.write_text(wanted)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

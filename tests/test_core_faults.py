@@ -166,8 +166,8 @@ def test_an_entered_fx_tracing_object_that_outlives_its_thread_still_exits_clean
 
 
 NO_ARGUMENT_FUNCTIONS = ["is_fx_tracing", "is_fx_symbolic_tracing", "_tracing_records",
-                         "_thread_values", "_stash_steals", "_mode", "_after_fork_in_child",
-                         "_carried_context", "_publish_record"]
+                         "_thread_values", "_stash_steals", "_mode", "_carried_context",
+                         "_publish_record"]
 
 
 @pytest.mark.parametrize("name", NO_ARGUMENT_FUNCTIONS)

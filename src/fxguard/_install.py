@@ -7,7 +7,6 @@ the slot layout and the torch functions it may call.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import threading
 from dataclasses import dataclass
@@ -36,13 +35,6 @@ class Installed:
 
 
 _installed: Installed | None = None
-
-# Fork: the C core resets every fxguard.RLock in the child (rlock.c), so a lock
-# held by a thread that the child does not have is free there; and only the
-# forking thread's FX flag counts as a trace in progress there (uninstall()).
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_core._after_fork_in_child)
-
 
 def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
             eager_backward: bool = True, config_follows_thread: bool = True) -> dict:

@@ -1,9 +1,9 @@
-/* fxguard: every CPython-version shim of the C core that concerns function
- * objects, in one place, each with the CPython change behind it.
+/* fxguard: every CPython-version shim of the C core, in one place, each a
+ * named macro or function with the CPython change behind it.
  *
- * Fast readers (reader.c) serve calls of a torch function from C by setting
- * the function object's vectorcall pointer.  Whether the interpreter honours
- * that pointer depends on the version:
+ * Function objects.  Fast readers (reader.c) serve calls of a torch function
+ * from C by setting the function object's vectorcall pointer.  Whether the
+ * interpreter honours that pointer depends on the version:
  *   3.10  no specialiser: every call goes through func->vectorcall.
  *   3.11  the CALL bytecode inlines Python frames without looking at
  *         func->vectorcall (https://github.com/python/cpython/issues/91049,
@@ -27,6 +27,8 @@
 #define FXGUARD_COMPAT_H
 
 #include "fxguard.h"
+
+#include <stddef.h> /* offsetof */
 
 #if PY_VERSION_HEX >= 0x030A0000 && PY_VERSION_HEX < 0x030B0000
 #  define FXG_VECTORCALL_READERS 1
@@ -73,6 +75,76 @@ fxg_function_restore_version(PyFunctionObject *func, unsigned long version)
 #else
     (void)func;
     (void)version;
+#endif
+}
+
+/* Weak references of a type made from a spec.  From 3.12 the VM keeps an
+ * object's weakref list in front of it (Py_TPFLAGS_MANAGED_WEAKREF,
+ * https://github.com/python/cpython/issues/95245); 3.10 and 3.11 need a field
+ * in the struct, whose offset the type declares with a "__weaklistoffset__"
+ * entry in Py_tp_members.  FXG_WEAKREF_FIELD goes in the struct,
+ * FXG_WEAKREF_MEMBER(struct type) in the members, FXG_WEAKREF_FLAG in the
+ * type's flags; tp_dealloc calls PyObject_ClearWeakRefs() either way. */
+#if PY_VERSION_HEX >= 0x030C0000
+#  define FXG_WEAKREF_FIELD
+#  define FXG_WEAKREF_MEMBER(type)
+#  define FXG_WEAKREF_FLAG Py_TPFLAGS_MANAGED_WEAKREF
+#else
+#  include <structmember.h> /* T_PYSSIZET, READONLY */
+#  define FXG_WEAKREF_FIELD PyObject *weakreflist;
+#  define FXG_WEAKREF_MEMBER(type) \
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(type, weakreflist), READONLY, NULL},
+#  define FXG_WEAKREF_FLAG 0
+#endif
+
+/* The exception being raised: 3.12 keeps it as one object
+ * (PyErr_GetRaisedException, https://github.com/python/cpython/issues/101578)
+ * where earlier versions keep a (type, value, traceback) triple
+ * (PyErr_Fetch, deprecated in 3.12). */
+#if PY_VERSION_HEX >= 0x030C0000
+#  define FXG_RAISED_EXCEPTION_OBJECT 1
+#else
+#  define FXG_RAISED_EXCEPTION_OBJECT 0
+#endif
+
+/* Drop the innermost frame from the traceback of the exception being raised
+ * (one that came out of a frame the core ran on the caller's behalf). */
+static inline void
+fxg_err_drop_innermost_frame(void)
+{
+#if FXG_RAISED_EXCEPTION_OBJECT
+    PyObject *exc = PyErr_GetRaisedException();
+    PyObject *tb = exc ? PyException_GetTraceback(exc) : NULL;
+    if (tb != NULL) {
+        PyObject *rest = PyObject_GetAttrString(tb, "tb_next");
+        if (rest != NULL) {
+            PyException_SetTraceback(exc, rest);
+            Py_DECREF(rest);
+        }
+        else {
+            PyErr_Clear();
+        }
+        Py_DECREF(tb);
+    }
+    PyErr_SetRaisedException(exc);
+#else
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    if (tb != NULL) {
+        PyObject *rest = PyObject_GetAttrString(tb, "tb_next");
+        if (rest != NULL) {
+            Py_DECREF(tb);
+            tb = rest;
+            if (tb == Py_None) {
+                Py_DECREF(tb);
+                tb = NULL;
+            }
+        }
+        else {
+            PyErr_Clear();
+        }
+    }
+    PyErr_Restore(type, value, tb);
 #endif
 }
 

@@ -84,8 +84,8 @@ fx_tracing_enter(PyObject *self, PyObject *Py_UNUSED(ignored))
                         "fx_tracing() object is already in use; create a new one per with-block");
         return NULL;
     }
-    if (st->mode == FXG_MODE_UPSTREAM) {
-        PyObject *prev = PyObject_CallNoArgs(st->upstream_get);
+    if (st->config.mode == FXG_MODE_UPSTREAM) {
+        PyObject *prev = PyObject_CallNoArgs(st->config.upstream_get);
         if (prev == NULL) {
             return NULL;
         }
@@ -94,7 +94,7 @@ fx_tracing_enter(PyObject *self, PyObject *Py_UNUSED(ignored))
             return NULL;
         }
         o->upstream_prev = prev;
-        o->upstream_set = Py_NewRef(st->upstream_set); /* uninstall() may clear st's */
+        o->upstream_set = Py_NewRef(st->config.upstream_set); /* uninstall() may clear st's */
     }
     else {
         o->record = fxg_thread_set_tracing(st, o->active, &o->prev);

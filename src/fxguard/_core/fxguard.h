@@ -8,6 +8,14 @@
  * there, the record of the thread whose graph task runs is found through
  * torch's ThreadLocalPythonObjects, which the engine carries into the worker
  * (install() hands us torch._C._stash_obj_in_tls and friends for that).
+ *
+ * Files: module.c (the module object and its small functions), config.c
+ * (_configure), record.c (the record type; finding the calling thread's
+ * record), torch_tls.c (records handed to and carried in by torch's
+ * thread-local objects; what torch 2.11 holds), fx_flag.c (the flag's readers
+ * and writer), fx_tracing.c (its context manager), slot_view.c, reader.c,
+ * dispatch.c, rlock.c, cached_method.c, fork.c (the one after-fork hook),
+ * compat.h (every CPython-version shim).
  */
 #ifndef FXGUARD_H
 #define FXGUARD_H
@@ -30,9 +38,9 @@ typedef struct {
     int flag;            /* FX-tracing flag */
     int worker;          /* on a thread Python did not start: carried records come first */
     int published;       /* handed to torch's thread-local objects */
-    int kept;            /* in st->kept (torch 2.11 holds it without a reference) */
-    unsigned long epoch; /* the install() whose slot layout `values` has */
-    unsigned long forks; /* st->forks when made: a record from before a fork in a
+    int kept;            /* in the kept list (torch 2.11 holds it without a reference) */
+    unsigned long epoch; /* the _configure() whose slot layout `values` has */
+    unsigned long forks; /* records.forks when made: a record from before a fork in a
                           * child is another thread's, whose flag no longer counts */
     PyObject *values;    /* list: one value per slot */
     PyObject *context;   /* the thread's contextvars.Context, for workers (or NULL) */
@@ -41,6 +49,7 @@ typedef struct {
 /* Every name the core looks up, interned once per module object (exec) and
  * not made again per call: X(field, text). */
 #define FXG_NAMES(X)                                     \
+    X(record_key, "fxguard.thread_record")               \
     X(stash_probe_key, "fxguard.stash_probe")            \
     X(symbolic_trace, "torch.fx._symbolic_trace")        \
     X(fx_flag, "_is_fx_tracing_flag")                    \
@@ -56,92 +65,181 @@ typedef struct {
 #undef FXG_NAME_FIELD
 } fxg_names;
 
+/* What install() handed the core through _configure() (config.c).  The
+ * object fields are NULL when not given (and after uninstall()). */
 typedef struct {
     fxg_mode mode;
-    PyObject *record_key;        /* str: key in thread-state dicts and torch TLS */
-    fxg_names str;               /* other interned names (FXG_NAMES) */
-    Py_ssize_t tracing_records;  /* records whose flag is set (GIL-protected) */
-    Py_ssize_t published;        /* records handed to torch's TLS */
-    unsigned long epoch;         /* bumped by every _configure() */
-    int carry_context;           /* records note their thread's Context (config per thread) */
-    unsigned long forks;         /* forks this process is the child of (fxg_records_after_fork) */
+    unsigned long epoch;     /* bumped by every _configure(): records' slot layout */
+    int carry_context;       /* records note their thread's Context (config per thread) */
+    PyObject *defaults;      /* tuple: each slot's initial value (NULL: no slots) */
+    PyObject *factories;     /* tuple: callable making a fresh initial value, or None */
+    PyObject *is_compiling;  /* torch.compiler.is_compiling */
+    PyObject *upstream_get;  /* torch.fx._symbolic_trace._get_is_fx_tracing */
+    PyObject *upstream_set;  /* torch.fx._symbolic_trace._set_is_fx_tracing */
+} fxg_config;
+
+/* torch's thread-local objects, through which records reach autograd
+ * workers (torch_tls.c).  stash/has/get come from _configure(). */
+typedef struct {
+    PyObject *stash;         /* torch._C._stash_obj_in_tls */
+    PyObject *has;           /* torch._C._is_key_in_tls */
+    PyObject *get;           /* torch._C._get_obj_in_tls */
+    int stash_steals;        /* stash keeps our reference without taking one (torch 2.11) */
+    Py_ssize_t published;    /* records handed to torch's TLS */
+    PyObject *kept;          /* list: what such a torch holds (records, probes), see fxg_keep */
+    Py_ssize_t kept_sweep_at; /* sweep `kept` when it grows to this length */
+} fxg_torch_tls;
+
+/* The threads' records, as a whole (record.c, fx_flag.c). */
+typedef struct {
+    Py_ssize_t tracing;      /* records whose flag is set */
+    unsigned long forks;     /* forks this process is the child of (fxg_records_after_fork) */
     /* The last thread's own record: a thread-state id is never reused, so
      * one compare replaces the thread-state dict lookup on the hot path. */
     uint64_t cached_id;
-    PyObject *cached_record;
+    PyObject *cached;
+} fxg_records;
 
-    /* Set by install(), cleared by uninstall(); NULL otherwise. */
-    PyObject *defaults;          /* tuple: each slot's initial value */
-    PyObject *factories;         /* tuple: callable making a fresh initial value, or None */
-    PyObject *is_compiling;      /* torch.compiler.is_compiling */
-    PyObject *tls_stash;         /* torch._C._stash_obj_in_tls */
-    int tls_stash_steals;        /* it keeps our reference without taking one (torch 2.11) */
-    PyObject *kept;              /* list: what such a torch holds (records, probes), see fxg_keep */
-    Py_ssize_t kept_sweep_at;    /* sweep `kept` when it grows to this length */
-    PyObject *tls_has;           /* torch._C._is_key_in_tls */
-    PyObject *tls_get;           /* torch._C._get_obj_in_tls */
-    PyObject *upstream_get;      /* torch.fx._symbolic_trace._get_is_fx_tracing */
-    PyObject *upstream_set;      /* torch.fx._symbolic_trace._set_is_fx_tracing */
+typedef struct {
+    PyTypeObject *record;
+    PyTypeObject *slot_view;
+    PyTypeObject *fx_tracing;
+    PyTypeObject *rlock;
+    PyTypeObject *reader;
+    PyTypeObject *dispatch;
+} fxg_types;
 
-    PyTypeObject *record_type;
-    PyTypeObject *slot_view_type;
-    PyTypeObject *fx_tracing_type;
-    PyTypeObject *rlock_type;
-    PyTypeObject *reader_type;
-    PyTypeObject *dispatch_type;
-    PyObject *rlock_registry;  /* capsule: the live RLocks, reset after fork (rlock.c) */
+/* The module state: everything mutable of one module object. */
+typedef struct {
+    fxg_records records;
+    fxg_config config;
+    fxg_torch_tls tls;
+    fxg_names str;
+    fxg_types types;
+    PyObject *registry;      /* capsule of the fxg_registry (fork.c) */
 } fxg_state;
 
-/* The calling thread's own record if it is the cached one (borrowed), else
- * NULL: the hot path's one compare, before fxg_record_for()'s full lookup. */
-static inline fxg_record *
-fxg_cached_record(fxg_state *st)
+struct RLockObject;
+
+/* What must outlive the module object: the live RLocks (each holds the
+ * capsule, whatever order the collector tears a module, its type and its
+ * locks down in) and the after-fork hook's way to the module state.  One per
+ * module object, in a capsule (fork.c). */
+typedef struct {
+    fxg_state *st;             /* NULL once the module state is cleared */
+    struct RLockObject *locks; /* every live RLock of the module (rlock.c) */
+    PyObject *tick;            /* code object of "None", and its globals: */
+    PyObject *tick_globals;    /* see rlock.c's deliver_pending() */
+} fxg_registry;
+
+static inline fxg_state *
+fxg_state_of_type(PyTypeObject *tp)
 {
-    uint64_t id = PyThreadState_Get()->id;
-    return st->cached_id == id ? (fxg_record *)st->cached_record : NULL;
+    return (fxg_state *)PyType_GetModuleState(tp);
 }
 
-/* The record fxg_record_for() would return (borrowed) when it would find
- * nothing to do: a Python thread's cached own record, of this install(),
- * published, noting the thread's Context.  NULL: take fxg_record_for(). */
+/* -- finding the calling thread's record (record.c) ----------------------------
+ *
+ * fxg_own_record(): the thread's own record, from the one-entry cache or the
+ * thread-state dict (which fills the cache).  fxg_record_for(): the record
+ * the thread's reads and writes go to: a Python thread's own; on a worker,
+ * the record carried in from the thread whose graph task it runs
+ * (fxg_carried_record), else its own; made on first use and brought up to
+ * date (the three conditions below).  fxg_record_cached() is
+ * fxg_record_for()'s hot path: the cached record when it needs nothing. */
+
+fxg_record *fxg_own_record_uncached(fxg_state *st);
+
+/* Borrowed; NULL without error if the thread has none yet. */
 static inline fxg_record *
-fxg_current_record(fxg_state *st)
+fxg_own_record(fxg_state *st)
+{
+    fxg_record *cached = (fxg_record *)st->records.cached;
+    if (cached != NULL && st->records.cached_id == PyThreadState_Get()->id) {
+        return cached;
+    }
+    return fxg_own_record_uncached(st);
+}
+
+/* What fxg_record_for() brings a Python thread's own record to: this
+ * _configure()'s slot layout, handed to torch's TLS (when torch has one),
+ * noting the thread's current Context (when config is per thread). */
+static inline int
+fxg_layout_is_current(fxg_state *st, fxg_record *rec)
+{
+    return rec->epoch == st->config.epoch;
+}
+
+static inline int
+fxg_needs_publishing(fxg_state *st, fxg_record *rec)
+{
+    return st->tls.stash != NULL && !rec->published && !rec->worker;
+}
+
+static inline PyObject *
+fxg_context_to_note(fxg_state *st, PyThreadState *ts)
+{
+    return st->config.carry_context ? ts->context : NULL;
+}
+
+/* fxg_record_for()'s answer when the cache has it (borrowed): a Python
+ * thread's own record that needs nothing done.  NULL: call fxg_record_for(). */
+static inline fxg_record *
+fxg_record_cached(fxg_state *st)
 {
     PyThreadState *ts = PyThreadState_Get();
-    fxg_record *own = (fxg_record *)st->cached_record;
-    if (own == NULL || st->cached_id != ts->id || own->worker || own->epoch != st->epoch ||
-        !(own->published || st->tls_stash == NULL) ||
-        own->context != (st->carry_context ? ts->context : NULL)) {
+    fxg_record *own = (fxg_record *)st->records.cached;
+    if (own == NULL || st->records.cached_id != ts->id || own->worker ||
+        !fxg_layout_is_current(st, own) || fxg_needs_publishing(st, own) ||
+        own->context != fxg_context_to_note(st, ts)) {
         return NULL;
     }
     return own;
 }
 
-/* thread_record.c */
-/* The record reads and writes on this thread go to, as a new reference;
- * created on first use.  NULL with an error set on failure. */
+/* New reference; NULL with an error set. */
 fxg_record *fxg_record_for(fxg_state *st);
+/* A new record for the calling thread, in its thread-state dict (new
+ * reference); whether it is a worker is decided here, once. */
+fxg_record *fxg_make_own_record(fxg_state *st);
+/* In a forked child: only the forking thread's flag counts.  0, or -1. */
+int fxg_records_after_fork(fxg_state *st);
+extern PyType_Spec fxg_record_spec;
+
+/* torch_tls.c */
+/* The record torch's thread-local objects carry into this thread (an
+ * autograd worker running another thread's backward), new reference; NULL
+ * without error if none. */
+fxg_record *fxg_carried_record(fxg_state *st);
+/* Hand a Python thread's record to torch's thread-local objects. 0 or -1. */
+int fxg_publish(fxg_state *st, fxg_record *rec);
+/* On a worker running another thread's graph task: that thread's Context.
+ * New reference; Py_None elsewhere or when none is carried; NULL on error. */
+PyObject *fxg_carried_context(fxg_state *st);
+/* Hold `obj` in the kept list while torch 2.11's stash may still drop a
+ * reference to it; freed once that reference is gone.  0, or -1. */
+int fxg_keep(fxg_state *st, PyObject *obj);
+/* Let go of what torch no longer holds; see fxg_keep.  0, or -1. */
+int fxg_sweep_kept(fxg_state *st);
+/* Kept records of threads that ended in Python but whose torch thread-locals
+ * are not destroyed yet. */
+Py_ssize_t fxg_exiting_records(fxg_state *st);
+/* Whether stash(key, obj) keeps obj without taking a reference: 1, 0, -1. */
+int fxg_stash_steals(fxg_state *st, PyObject *stash);
+
+/* fx_flag.c */
 int fxg_thread_is_tracing(fxg_state *st);           /* 1, 0, or -1 with error */
 int fxg_thread_is_symbolic_tracing(fxg_state *st);  /* 1, 0, or -1 with error */
 /* Set the flag of the calling thread's record; returns that record (new
  * reference) and stores the previous flag in *prev.  NULL with an error. */
 fxg_record *fxg_thread_set_tracing(fxg_state *st, int value, int *prev);
+/* Set rec's flag, keeping records.tracing in step. */
 void fxg_record_set_flag(fxg_state *st, fxg_record *rec, int value);
-/* Hold `obj` in st->kept while torch 2.11's stash may still drop a reference
- * to it; freed once that reference is gone.  0, or -1 with an error. */
-int fxg_keep(fxg_state *st, PyObject *obj);
-/* Kept records of threads that ended in Python but whose torch thread-locals
- * are not destroyed yet. */
-Py_ssize_t fxg_exiting_records(fxg_state *st);
-/* Let go of what torch no longer holds; see fxg_keep.  0, or -1 with an error. */
-int fxg_sweep_kept(fxg_state *st);
-/* In a forked child: only the forking thread's flag counts.  0, or -1. */
-int fxg_records_after_fork(fxg_state *st);
 int fxg_upstream_set(fxg_state *st, PyObject *value);  /* 0 or -1 */
-/* On a worker running another thread's graph task: that thread's Context.
- * New reference; Py_None elsewhere or when none is carried; NULL on error. */
-PyObject *fxg_carried_context(fxg_state *st);
-extern PyType_Spec fxg_record_spec;
+
+/* config.c */
+PyObject *fxg_configure(PyObject *module, PyObject *args, PyObject *kwargs);
+void fxg_config_clear(fxg_state *st);
 
 /* slot_view.c */
 extern PyType_Spec fxg_slot_view_spec;
@@ -166,15 +264,22 @@ extern PyType_Spec fxg_dispatch_spec;
 
 /* rlock.c */
 extern PyType_Spec fxg_rlock_spec;
-/* Before the first RLock is made: its registry, and the after-fork hook. */
-int fxg_rlock_module_exec(fxg_state *st);  /* 0 or -1 */
 /* After the type is made: __enter__/__exit__ that bind once per lock. */
 int fxg_rlock_type_exec(PyObject *module, PyTypeObject *type);  /* 0 or -1 */
+/* The registry's tick (deliver_pending); 0 or -1. */
+int fxg_rlock_registry_init(fxg_registry *reg);
+void fxg_rlock_registry_free(fxg_registry *reg);
+/* In a forked child: every lock of reg free, unless the forking thread holds
+ * it.  Sets no error; returns how many locks kept their old semaphore for
+ * want of memory for a new one. */
+Py_ssize_t fxg_rlocks_after_fork(fxg_registry *reg);
 
-static inline fxg_state *
-fxg_state_of_type(PyTypeObject *tp)
-{
-    return (fxg_state *)PyType_GetModuleState(tp);
-}
+/* fork.c */
+/* The module's registry capsule (st->registry) and its after-fork hook. */
+int fxg_fork_module_exec(fxg_state *st);  /* 0 or -1 */
+/* The registry behind st->registry, or NULL with an error (torn down). */
+fxg_registry *fxg_registry_of(fxg_state *st);
+/* The module state is going: the after-fork hook, which outlives it, lets it be. */
+void fxg_fork_module_clear(fxg_state *st);
 
 #endif

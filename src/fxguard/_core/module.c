@@ -50,19 +50,10 @@ tracing_records(PyObject *module, PyObject *Py_UNUSED(ignored))
     fxg_state *st = state_of(module);
     /* A record torch 2.11 no longer holds may still count (its thread ended
      * inside a trace): let go of those first.  Rare: uninstall() asks. */
-    if (st->tracing_records > 0 && PyList_GET_SIZE(st->kept) > 0 && fxg_sweep_kept(st) < 0) {
+    if (st->records.tracing > 0 && PyList_GET_SIZE(st->tls.kept) > 0 && fxg_sweep_kept(st) < 0) {
         return NULL;
     }
-    return PyLong_FromSsize_t(st->tracing_records);
-}
-
-static PyObject *
-after_fork_in_child(PyObject *module, PyObject *Py_UNUSED(ignored))
-{
-    if (fxg_records_after_fork(state_of(module)) < 0) {
-        return NULL;
-    }
-    Py_RETURN_NONE;
+    return PyLong_FromSsize_t(st->records.tracing);
 }
 
 /* _await_thread_exits(timeout): an exit handler (see
@@ -91,13 +82,13 @@ await_thread_exits(PyObject *module, PyObject *arg)
 static PyObject *
 stash_steals_flag(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
-    return PyBool_FromLong(state_of(module)->tls_stash_steals);
+    return PyBool_FromLong(state_of(module)->tls.stash_steals);
 }
 
 static PyObject *
 get_mode(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
-    return PyLong_FromLong(state_of(module)->mode);
+    return PyLong_FromLong(state_of(module)->config.mode);
 }
 
 static PyObject *
@@ -140,128 +131,6 @@ publish_record(PyObject *module, PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
-static void
-clear_hooks(fxg_state *st)
-{
-    Py_CLEAR(st->defaults);
-    Py_CLEAR(st->factories);
-    Py_CLEAR(st->is_compiling);
-    Py_CLEAR(st->tls_stash);
-    Py_CLEAR(st->tls_has);
-    Py_CLEAR(st->tls_get);
-    Py_CLEAR(st->upstream_get);
-    Py_CLEAR(st->upstream_set);
-}
-
-/* Whether stash(key, obj) keeps obj without taking a reference of its own.
- * torch 2.11 does (it later drops a reference it never took, which freed our
- * objects under us); 2.13 does not.  Measured, not guessed from the version. */
-static int
-stash_steals(fxg_state *st, PyObject *stash)
-{
-    /* A fresh probe each time (a probe already stashed would be released by
-     * the stash itself and spoil the count), held in st->kept (fxg_keep) so
-     * that whatever torch later does with it is harmless. */
-    PyObject *probe = PyList_New(0);
-    if (probe == NULL || fxg_keep(st, probe) < 0) {
-        Py_XDECREF(probe);
-        return -1;
-    }
-    Py_ssize_t before = Py_REFCNT(probe);
-    PyObject *r = PyObject_CallFunctionObjArgs(stash, st->str.stash_probe_key, probe, NULL);
-    if (r == NULL) {
-        Py_DECREF(probe);
-        return -1;
-    }
-    Py_DECREF(r);
-    int steals = Py_REFCNT(probe) == before;
-    if (steals) {
-        Py_INCREF(probe); /* the reference torch will drop when the probe is replaced */
-    }
-    Py_DECREF(probe);
-    return steals;
-}
-
-/* The torch functions install() hands the core, by keyword, in kwlist's order. */
-enum { HOOK_IS_COMPILING, HOOK_TLS_STASH, HOOK_TLS_HAS, HOOK_TLS_GET, HOOK_UPSTREAM_GET,
-       HOOK_UPSTREAM_SET, N_HOOKS };
-
-/* _configure(mode, *, defaults=(), factories=(), is_compiling=None,
- *            tls_stash=None, tls_has=None, tls_get=None, upstream_get=None,
- *            upstream_set=None, carry_context=False)
- * Called by install()/uninstall(): the slot layout, and which torch
- * functions the core may use.  Every call starts a new layout (epoch): each
- * thread's slots start again from `defaults`/`factories` on next use.
- * carry_context: records note their thread's contextvars Context, so that an
- * autograd worker can run that thread's backward with its torch config. */
-static PyObject *
-configure(PyObject *module, PyObject *args, PyObject *kwargs)
-{
-    static char *kwlist[] = {"mode", "defaults", "factories", "is_compiling", "tls_stash",
-                             "tls_has", "tls_get", "upstream_get", "upstream_set",
-                             "carry_context", NULL};
-    int mode, carry_context = 0;
-    PyObject *defaults = NULL, *factories = NULL;
-    PyObject *hooks[N_HOOKS] = {NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "i|$O!O!OOOOOOp:_configure", kwlist, &mode,
-                                     &PyTuple_Type, &defaults, &PyTuple_Type, &factories,
-                                     &hooks[HOOK_IS_COMPILING], &hooks[HOOK_TLS_STASH],
-                                     &hooks[HOOK_TLS_HAS], &hooks[HOOK_TLS_GET],
-                                     &hooks[HOOK_UPSTREAM_GET], &hooks[HOOK_UPSTREAM_SET],
-                                     &carry_context)) {
-        return NULL;
-    }
-    if (mode < FXG_MODE_OFF || mode > FXG_MODE_UPSTREAM) {
-        PyErr_Format(PyExc_ValueError, "unknown mode %d", mode);
-        return NULL;
-    }
-    Py_ssize_t nslots = defaults ? PyTuple_GET_SIZE(defaults) : 0;
-    if ((factories ? PyTuple_GET_SIZE(factories) : 0) != nslots) {
-        PyErr_SetString(PyExc_ValueError, "_configure: defaults and factories differ in length");
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < nslots; i++) {
-        PyObject *f = PyTuple_GET_ITEM(factories, i);
-        if (f != Py_None && !PyCallable_Check(f)) {
-            PyErr_SetString(PyExc_TypeError, "_configure: factories must be callables or None");
-            return NULL;
-        }
-    }
-    for (int i = 0; i < N_HOOKS; i++) {
-        if (hooks[i] == Py_None) {
-            hooks[i] = NULL;
-        }
-        if (hooks[i] != NULL && !PyCallable_Check(hooks[i])) {
-            PyErr_SetString(PyExc_TypeError, "_configure: hooks must be callables or None");
-            return NULL;
-        }
-    }
-    if (mode == FXG_MODE_UPSTREAM && (hooks[HOOK_UPSTREAM_GET] == NULL ||
-                                      hooks[HOOK_UPSTREAM_SET] == NULL)) {
-        PyErr_SetString(PyExc_ValueError, "upstream mode needs upstream_get and upstream_set");
-        return NULL;
-    }
-    fxg_state *st = state_of(module);
-    int steals = 0;
-    if (hooks[HOOK_TLS_STASH] != NULL && (steals = stash_steals(st, hooks[HOOK_TLS_STASH])) < 0) {
-        return NULL;
-    }
-    clear_hooks(st);
-    st->defaults = nslots ? Py_NewRef(defaults) : NULL;
-    st->factories = nslots ? Py_NewRef(factories) : NULL;
-    st->tls_stash_steals = steals;
-    st->is_compiling = Py_XNewRef(hooks[HOOK_IS_COMPILING]);
-    st->tls_stash = Py_XNewRef(hooks[HOOK_TLS_STASH]);
-    st->tls_has = Py_XNewRef(hooks[HOOK_TLS_HAS]);
-    st->tls_get = Py_XNewRef(hooks[HOOK_TLS_GET]);
-    st->upstream_get = Py_XNewRef(hooks[HOOK_UPSTREAM_GET]);
-    st->upstream_set = Py_XNewRef(hooks[HOOK_UPSTREAM_SET]);
-    st->mode = (fxg_mode)mode;
-    st->carry_context = carry_context;
-    st->epoch++;
-    Py_RETURN_NONE;
-}
-
 /* Docstrings start with text signatures, so inspect.signature() works. */
 static PyMethodDef core_methods[] = {
     {"is_fx_tracing", (PyCFunction)(void (*)(void))is_fx_tracing, METH_FASTCALL,
@@ -292,10 +161,7 @@ static PyMethodDef core_methods[] = {
      "_await_thread_exits($module, timeout, /)\n--\n\n"
      "At exit: wait until threads that ended have let go of their\n"
      "torch thread-locals (or timeout seconds); returns how many are left."},
-    {"_after_fork_in_child", after_fork_in_child, METH_NOARGS,
-     "_after_fork_in_child($module, /)\n--\n\n"
-     "In a forked child: only the calling (forking) thread's FX flag counts as tracing."},
-    {"_configure", (PyCFunction)(void (*)(void))configure, METH_VARARGS | METH_KEYWORDS,
+    {"_configure", (PyCFunction)(void (*)(void))fxg_configure, METH_VARARGS | METH_KEYWORDS,
      "_configure($module, /, mode, *, defaults=(), factories=(), is_compiling=None,\n"
      "           tls_stash=None, tls_has=None, tls_get=None, upstream_get=None,\n"
      "           upstream_set=None, carry_context=False)\n--\n\n"
@@ -321,23 +187,15 @@ static int
 core_exec(PyObject *module)
 {
     fxg_state *st = state_of(module);
-    st->mode = FXG_MODE_OFF;
-    st->tracing_records = 0;
-    st->published = 0;
-    st->epoch = 0;
-    st->cached_id = 0;
-    st->cached_record = NULL;
-    st->forks = 0;
-    st->record_key = PyUnicode_InternFromString("fxguard.thread_record");
-#define FXG_NAME_INIT(field, text)                               \
+    *st = (fxg_state){.config.mode = FXG_MODE_OFF};
+#define FXG_NAME_INIT(field, text)                                    \
     if ((st->str.field = PyUnicode_InternFromString(text)) == NULL) { \
-        return -1;                                               \
+        return -1;                                                    \
     }
     FXG_NAMES(FXG_NAME_INIT)
 #undef FXG_NAME_INIT
-    st->kept = PyList_New(0);
-    st->kept_sweep_at = 0; /* the first keep sweeps and sets it */
-    if (st->record_key == NULL || st->kept == NULL) {
+    st->tls.kept = PyList_New(0); /* its first keep sweeps and sets kept_sweep_at */
+    if (st->tls.kept == NULL) {
         return -1;
     }
     if (PyModule_AddIntConstant(module, "MODE_OFF", FXG_MODE_OFF) < 0 ||
@@ -346,19 +204,20 @@ core_exec(PyObject *module)
         PyModule_AddIntConstant(module, "FLAG_SLOT", FXG_FLAG_SLOT) < 0) {
         return -1;
     }
-    if (fxg_rlock_module_exec(st) < 0 ||
-        add_type(module, &fxg_record_spec, &st->record_type, NULL) < 0 ||
-        add_type(module, &fxg_slot_view_spec, &st->slot_view_type, "SlotView") < 0 ||
-        add_type(module, &fxg_fx_tracing_spec, &st->fx_tracing_type, "fx_tracing") < 0 ||
-        add_type(module, &fxg_rlock_spec, &st->rlock_type, "RLock") < 0 ||
-        fxg_rlock_type_exec(module, st->rlock_type) < 0 ||
-        add_type(module, &fxg_reader_spec, &st->reader_type, "Reader") < 0 ||
+    fxg_types *t = &st->types;
+    if (fxg_fork_module_exec(st) < 0 ||
+        add_type(module, &fxg_record_spec, &t->record, NULL) < 0 ||
+        add_type(module, &fxg_slot_view_spec, &t->slot_view, "SlotView") < 0 ||
+        add_type(module, &fxg_fx_tracing_spec, &t->fx_tracing, "fx_tracing") < 0 ||
+        add_type(module, &fxg_rlock_spec, &t->rlock, "RLock") < 0 ||
+        fxg_rlock_type_exec(module, t->rlock) < 0 ||
+        add_type(module, &fxg_reader_spec, &t->reader, "Reader") < 0 ||
         fxg_reader_module_exec(module) < 0 ||
-        add_type(module, &fxg_dispatch_spec, &st->dispatch_type, "Dispatch") < 0) {
+        add_type(module, &fxg_dispatch_spec, &t->dispatch, "Dispatch") < 0) {
         return -1;
     }
     /* The one process-wide lock around block-mask creation (meant to be shared). */
-    PyObject *lock = PyObject_CallNoArgs((PyObject *)st->rlock_type);
+    PyObject *lock = PyObject_CallNoArgs((PyObject *)t->rlock);
     if (lock == NULL) {
         return -1;
     }
@@ -371,23 +230,23 @@ static int
 core_traverse(PyObject *module, visitproc visit, void *arg)
 {
     fxg_state *st = state_of(module);
-    Py_VISIT(st->defaults);
-    Py_VISIT(st->factories);
-    Py_VISIT(st->is_compiling);
-    Py_VISIT(st->tls_stash);
-    Py_VISIT(st->tls_has);
-    Py_VISIT(st->tls_get);
-    Py_VISIT(st->upstream_get);
-    Py_VISIT(st->upstream_set);
-    Py_VISIT(st->kept);
-    Py_VISIT(st->cached_record);
-    Py_VISIT(st->record_type);
-    Py_VISIT(st->slot_view_type);
-    Py_VISIT(st->fx_tracing_type);
-    Py_VISIT(st->rlock_type);
-    Py_VISIT(st->reader_type);
-    Py_VISIT(st->dispatch_type);
-    Py_VISIT(st->rlock_registry);
+    Py_VISIT(st->config.defaults);
+    Py_VISIT(st->config.factories);
+    Py_VISIT(st->config.is_compiling);
+    Py_VISIT(st->config.upstream_get);
+    Py_VISIT(st->config.upstream_set);
+    Py_VISIT(st->tls.stash);
+    Py_VISIT(st->tls.has);
+    Py_VISIT(st->tls.get);
+    Py_VISIT(st->tls.kept);
+    Py_VISIT(st->records.cached);
+    Py_VISIT(st->types.record);
+    Py_VISIT(st->types.slot_view);
+    Py_VISIT(st->types.fx_tracing);
+    Py_VISIT(st->types.rlock);
+    Py_VISIT(st->types.reader);
+    Py_VISIT(st->types.dispatch);
+    Py_VISIT(st->registry);
     return 0;
 }
 
@@ -395,20 +254,20 @@ static int
 core_clear(PyObject *module)
 {
     fxg_state *st = state_of(module);
-    clear_hooks(st);
-    Py_CLEAR(st->record_key);
+    fxg_fork_module_clear(st);
+    fxg_config_clear(st);
 #define FXG_NAME_CLEAR(field, text) Py_CLEAR(st->str.field);
     FXG_NAMES(FXG_NAME_CLEAR)
 #undef FXG_NAME_CLEAR
-    Py_CLEAR(st->kept);
-    Py_CLEAR(st->cached_record);
-    Py_CLEAR(st->record_type);
-    Py_CLEAR(st->slot_view_type);
-    Py_CLEAR(st->fx_tracing_type);
-    Py_CLEAR(st->rlock_type);
-    Py_CLEAR(st->reader_type);
-    Py_CLEAR(st->dispatch_type);
-    Py_CLEAR(st->rlock_registry);
+    Py_CLEAR(st->tls.kept);
+    Py_CLEAR(st->records.cached);
+    Py_CLEAR(st->types.record);
+    Py_CLEAR(st->types.slot_view);
+    Py_CLEAR(st->types.fx_tracing);
+    Py_CLEAR(st->types.rlock);
+    Py_CLEAR(st->types.reader);
+    Py_CLEAR(st->types.dispatch);
+    Py_CLEAR(st->registry);
     return 0;
 }
 

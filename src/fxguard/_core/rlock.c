@@ -4,10 +4,10 @@
  * uncontended path takes no OS lock at all: owner, count and the number of
  * waiters are only touched while holding the GIL, which already serialises
  * every Python thread.  Only a thread that must wait touches the OS
- * semaphore, and it releases the GIL while it sleeps on it.  (On a
- * free-threaded 3.13t build, importing the module turns the GIL back on, as
- * it does not declare Py_mod_gil, unless PYTHON_GIL=0 forces it off, which
- * this lock does not support.)
+ * semaphore, and it releases the GIL while it sleeps on it.  (The module
+ * declares Py_MOD_GIL_USED: on a free-threaded 3.13t build importing it turns
+ * the GIL back on, unless PYTHON_GIL=0 forces it off, which this lock does
+ * not support.)
  *
  * It stands in for threading.RLock, threading.Condition's protocol included.
  * Where it differs: a blocked acquire() wakes for KeyboardInterrupt (see
@@ -21,41 +21,17 @@
  * guards may be half-updated; detecting the exit would cost the fast path.
  * As in CPython, a later thread that the OS gives the dead thread's ident is
  * taken for the owner.  Only a fork clears such a hold (in the child). */
-#include "fxguard.h"
+#include "compat.h"
 #include <math.h>
 #include <stddef.h> /* offsetof */
 #include <time.h>
 
-/* Weak references.  From 3.12 the VM keeps an object's weakref list in front
- * of it (Py_TPFLAGS_MANAGED_WEAKREF); 3.10 and 3.11 need a field in the
- * struct, whose offset a type made from a spec declares with a
- * "__weaklistoffset__" entry in Py_tp_members.  This is the one version shim
- * for it. */
-#if PY_VERSION_HEX >= 0x030C0000
-#  define FXG_MANAGED_WEAKREF 1
-#  define FXG_WEAKREF_FLAG Py_TPFLAGS_MANAGED_WEAKREF
-#else
-#  define FXG_MANAGED_WEAKREF 0
-#  define FXG_WEAKREF_FLAG 0
-#  include <structmember.h> /* T_PYSSIZET, READONLY */
-#endif
-
 typedef struct RLockObject RLockObject;
 
-/* Every live RLock of one module object, so that a forked child can reset
- * them all (after_fork_child).  It lives in a capsule that the module state
- * and each lock hold a reference to: the list head must outlive every lock
- * on it, whatever order the collector tears a module, its type and its locks
- * down in (type_clear drops a type's module before its instances go).
- * Touched only under the GIL. */
-typedef struct {
-    RLockObject *head;
-    PyObject *tick;         /* code object of "None", and its globals: */
-    PyObject *tick_globals; /* see deliver_pending() */
-} rlock_registry;
-
-#define REGISTRY_CAPSULE "fxguard._core.rlock_registry"
-
+/* Every live RLock of one module object is on its registry's list (fork.c),
+ * so that a forked child can reset them all (fxg_rlocks_after_fork).  Each
+ * lock holds the registry's capsule: the list head outlives every lock on it.
+ * The list is touched only under the GIL. */
 struct RLockObject {
     PyObject_HEAD
     unsigned long owner;       /* thread ident, 0 when free */
@@ -70,11 +46,9 @@ struct RLockObject {
     long long wait_ns_max;
     /* on the registry's list while alive */
     PyObject *registry_capsule; /* strong reference to the capsule of reg */
-    rlock_registry *reg;
+    fxg_registry *reg;
     RLockObject *prev, *next;
-#if !FXG_MANAGED_WEAKREF
-    PyObject *weakreflist;
-#endif
+    FXG_WEAKREF_FIELD
     PyObject *bound_enter; /* __enter__ and __exit__ bound to this lock, made on */
     PyObject *bound_exit;  /* first use (cached_method.c: a with-cycle allocates nothing) */
 };
@@ -119,14 +93,7 @@ rlock_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         return NULL;
     }
     fxg_state *st = fxg_state_of_type(type);
-    if (st == NULL) {
-        return NULL;
-    }
-    if (st->rlock_registry == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "fxguard._core has been torn down");
-        return NULL;
-    }
-    rlock_registry *reg = PyCapsule_GetPointer(st->rlock_registry, REGISTRY_CAPSULE);
+    fxg_registry *reg = st != NULL ? fxg_registry_of(st) : NULL;
     if (reg == NULL) {
         return NULL;
     }
@@ -139,13 +106,13 @@ rlock_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         Py_DECREF(self);
         return PyErr_NoMemory();
     }
-    self->registry_capsule = Py_NewRef(st->rlock_registry);
+    self->registry_capsule = Py_NewRef(st->registry);
     self->reg = reg;
-    self->next = reg->head;
-    if (reg->head != NULL) {
-        reg->head->prev = self;
+    self->next = reg->locks;
+    if (reg->locks != NULL) {
+        reg->locks->prev = self;
     }
-    reg->head = self;
+    reg->locks = self;
     return (PyObject *)self;
 }
 
@@ -175,19 +142,13 @@ rlock_dealloc(PyObject *self)
     RLockObject *o = (RLockObject *)self;
     PyTypeObject *tp = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
-#if FXG_MANAGED_WEAKREF
     PyObject_ClearWeakRefs(self);
-#else
-    if (o->weakreflist != NULL) {
-        PyObject_ClearWeakRefs(self);
-    }
-#endif
     if (o->reg != NULL) {
         if (o->prev != NULL) {
             o->prev->next = o->next;
         }
         else {
-            o->reg->head = o->next;
+            o->reg->locks = o->next;
         }
         if (o->next != NULL) {
             o->next->prev = o->prev;
@@ -234,48 +195,6 @@ wake_one(RLockObject *o)
 #define SLICE_FIRST_US 5000
 #define SLICE_MAX_US 50000
 
-/* The exception came out of the tick's frame: drop that frame from its
- * traceback, which then starts in the caller of acquire() as with any other
- * error raised by a C function. */
-static void
-drop_tick_frame(void)
-{
-#if PY_VERSION_HEX >= 0x030C0000
-    PyObject *exc = PyErr_GetRaisedException();
-    PyObject *tb = exc ? PyException_GetTraceback(exc) : NULL;
-    if (tb != NULL) {
-        PyObject *rest = PyObject_GetAttrString(tb, "tb_next");
-        if (rest != NULL) {
-            PyException_SetTraceback(exc, rest);
-            Py_DECREF(rest);
-        }
-        else {
-            PyErr_Clear();
-        }
-        Py_DECREF(tb);
-    }
-    PyErr_SetRaisedException(exc);
-#else
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    if (tb != NULL) {
-        PyObject *rest = PyObject_GetAttrString(tb, "tb_next");
-        if (rest != NULL) {
-            Py_DECREF(tb);
-            tb = rest;
-            if (tb == Py_None) {
-                Py_DECREF(tb);
-                tb = NULL;
-            }
-        }
-        else {
-            PyErr_Clear();
-        }
-    }
-    PyErr_Restore(type, value, tb);
-#endif
-}
-
 /* Between two slices of a wait (GIL held): 0, or -1 with the exception a
  * signal handler, a pending call or PyThreadState_SetAsyncExc raised.
  *
@@ -299,7 +218,10 @@ deliver_pending(RLockObject *o)
     }
     PyObject *r = PyEval_EvalCode(o->reg->tick, o->reg->tick_globals, o->reg->tick_globals);
     if (r == NULL) {
-        drop_tick_frame();
+        /* The exception came out of the tick's frame: drop that frame, so
+         * the traceback starts in the caller of acquire(), as with any other
+         * error raised by a C function. */
+        fxg_err_drop_innermost_frame();
         return -1;
     }
     Py_DECREF(r);
@@ -404,7 +326,7 @@ rlock_acquire_impl(RLockObject *o, int blocking, long long timeout_ns)
     return wait_and_take(o, me, timeout_ns, 1);
 }
 
-/* acquire()'s arguments, checked as _thread's locks check them (CPython's
+/* acquire()'s timeout, checked as _thread's locks check it (CPython's
  * lock_acquire_parse_args and _PyTime_FromSecondsObject): NaN is a ValueError;
  * a value that does not fit 64-bit nanoseconds, or exceeds PY_TIMEOUT_MAX
  * (threading.TIMEOUT_MAX), an OverflowError; a timeout with blocking=False,
@@ -412,14 +334,9 @@ rlock_acquire_impl(RLockObject *o, int blocking, long long timeout_ns)
  * One difference: any object float() accepts is taken (threading takes int
  * and float only).  *timeout_ns is -1 for "no timeout". */
 static int
-parse_acquire_args(PyObject *blocking_obj, PyObject *timeout_obj, int *blocking,
-                   long long *timeout_ns)
+check_timeout(PyObject *timeout_obj, int blocking, long long *timeout_ns)
 {
     *timeout_ns = -1;
-    *blocking = PyObject_IsTrue(blocking_obj);
-    if (*blocking < 0) {
-        return -1;
-    }
     if (timeout_obj == NULL) {
         return 0;
     }
@@ -438,7 +355,7 @@ parse_acquire_args(PyObject *blocking_obj, PyObject *timeout_obj, int *blocking,
     if (t == -1.0) {
         return 0;
     }
-    if (!*blocking) {
+    if (!blocking) {
         PyErr_SetString(PyExc_ValueError, "can't specify a timeout for a non-blocking call");
         return -1;
     }
@@ -458,45 +375,40 @@ parse_acquire_args(PyObject *blocking_obj, PyObject *timeout_obj, int *blocking,
     return 0;
 }
 
+/* acquire(blocking=True, timeout=-1)'s arguments, by the standard parser
+ * (PyArg_ParseTupleAndKeywords, on a tuple and a dict made from the call's
+ * vector).  0, or -1 with the error threading's locks raise. */
+static int
+parse_acquire_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, int *blocking,
+                   long long *timeout_ns)
+{
+    static char *kwlist[] = {"blocking", "timeout", NULL};
+    Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+    PyObject *tuple = PyTuple_New(nargs), *dict = nkw ? PyDict_New() : NULL;
+    PyObject *timeout_obj = NULL; /* borrowed from tuple or dict */
+    int ok = tuple != NULL && (nkw == 0 || dict != NULL);
+    for (Py_ssize_t i = 0; ok && i < nargs; i++) {
+        PyTuple_SET_ITEM(tuple, i, Py_NewRef(args[i]));
+    }
+    for (Py_ssize_t k = 0; ok && k < nkw; k++) {
+        ok = PyDict_SetItem(dict, PyTuple_GET_ITEM(kwnames, k), args[nargs + k]) == 0;
+    }
+    ok = ok && PyArg_ParseTupleAndKeywords(tuple, dict, "|pO:acquire", kwlist, blocking,
+                                           &timeout_obj);
+    ok = ok && check_timeout(timeout_obj, *blocking, timeout_ns) == 0;
+    Py_XDECREF(tuple);
+    Py_XDECREF(dict);
+    return ok ? 0 : -1;
+}
+
+/* METH_FASTCALL: acquire() without arguments, the common call, parses nothing. */
 static PyObject *
 rlock_acquire(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    PyObject *blocking_obj = Py_True, *timeout_obj = NULL;
-    static const char *const names[] = {"blocking", "timeout"};
-    PyObject *vals[2] = {NULL, NULL};
-    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    if (nargs > 2) {
-        PyErr_SetString(PyExc_TypeError, "acquire() takes at most 2 arguments");
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < nargs; i++) {
-        vals[i] = args[i];
-    }
-    for (Py_ssize_t k = 0; k < nkw; k++) {
-        PyObject *name = PyTuple_GET_ITEM(kwnames, k);
-        int found = 0;
-        for (int j = 0; j < 2; j++) {
-            if (PyUnicode_CompareWithASCIIString(name, names[j]) == 0) {
-                if (vals[j] != NULL) {
-                    PyErr_Format(PyExc_TypeError, "acquire() got multiple values for '%s'", names[j]);
-                    return NULL;
-                }
-                vals[j] = args[nargs + k];
-                found = 1;
-            }
-        }
-        if (!found) {
-            PyErr_Format(PyExc_TypeError, "acquire() got an unexpected keyword argument '%U'", name);
-            return NULL;
-        }
-    }
-    if (vals[0] != NULL) {
-        blocking_obj = vals[0];
-    }
-    timeout_obj = vals[1];
-    int blocking;
-    long long timeout_ns;
-    if (parse_acquire_args(blocking_obj, timeout_obj, &blocking, &timeout_ns) < 0) {
+    int blocking = 1;
+    long long timeout_ns = -1;
+    if ((nargs != 0 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0)) &&
+        parse_acquire_args(args, nargs, kwnames, &blocking, &timeout_ns) < 0) {
         return NULL;
     }
     int r = rlock_acquire_impl((RLockObject *)self, blocking, timeout_ns);
@@ -664,9 +576,8 @@ rlock_reset_stats(PyObject *self, PyObject *Py_UNUSED(ignored))
 
 /* Fork.  A child has one thread, the one that forked.  Other threads' holds
  * on a lock would never be released there, and a thread that was waiting may
- * have been inside the semaphore: after_fork_child(), registered with
- * os.register_at_fork() for every module object, resets every live lock of
- * that module.  A lock the forking thread holds stays held, at its depth (so
+ * have been inside the semaphore: the module's after-fork hook (fork.c)
+ * resets every live lock of that module.  A lock the forking thread holds stays held, at its depth (so
  * `with lock: os.fork()` releases cleanly in the child); any other is free.
  * The semaphore is replaced where a thread was waiting, and the old one
  * leaked on purpose, as CPython's _PyThread_at_fork_reinit does: it may be in
@@ -694,26 +605,20 @@ reset_in_child(RLockObject *o, unsigned long me, int keep_own)
     return ok;
 }
 
-static PyObject *
-after_fork_child(PyObject *capsule, PyObject *Py_UNUSED(ignored))
+Py_ssize_t
+fxg_rlocks_after_fork(fxg_registry *reg)
 {
-    rlock_registry *reg = PyCapsule_GetPointer(capsule, REGISTRY_CAPSULE);
-    if (reg == NULL) {
-        return NULL;
-    }
     unsigned long me = PyThread_get_thread_ident();
-    int ok = 1;
-    for (RLockObject *o = reg->head; o != NULL; o = o->next) {
-        ok &= reset_in_child(o, me, 1);
+    Py_ssize_t stale = 0;
+    for (RLockObject *o = reg->locks; o != NULL; o = o->next) {
+        stale += !reset_in_child(o, me, 1);
     }
-    if (!ok) {
-        return PyErr_NoMemory();
-    }
-    Py_RETURN_NONE;
+    return stale;
 }
 
 /* _thread.RLock's method of that name, kept for callers that use it: it
- * frees the lock whoever holds it.  fxguard calls after_fork_child(). */
+ * frees the lock whoever holds it.  fxguard's after-fork hook resets every
+ * lock already (fxg_rlocks_after_fork). */
 static PyObject *
 rlock_at_fork_reinit(PyObject *self, PyObject *Py_UNUSED(ignored))
 {
@@ -767,21 +672,17 @@ static PyMethodDef rlock_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-#if !FXG_MANAGED_WEAKREF
 static PyMemberDef rlock_members[] = {
-    {"__weaklistoffset__", T_PYSSIZET, offsetof(RLockObject, weakreflist), READONLY, NULL},
+    FXG_WEAKREF_MEMBER(RLockObject)
     {NULL, 0, 0, 0, NULL},
 };
-#endif
 
 static PyType_Slot rlock_slots[] = {
     {Py_tp_new, rlock_new},
     {Py_tp_dealloc, rlock_dealloc},
     {Py_tp_traverse, rlock_traverse},
     {Py_tp_clear, rlock_clear},
-#if !FXG_MANAGED_WEAKREF
     {Py_tp_members, rlock_members},
-#endif
     {Py_tp_methods, rlock_methods},
     {Py_tp_repr, rlock_repr},
     {Py_tp_doc, "RLock()\n--\n\nRe-entrant lock (owner + count) that releases the GIL while waiting."},
@@ -796,77 +697,20 @@ PyType_Spec fxg_rlock_spec = {
     .slots = rlock_slots,
 };
 
-static void
-registry_free(PyObject *capsule)
-{
-    rlock_registry *reg = PyCapsule_GetPointer(capsule, REGISTRY_CAPSULE);
-    if (reg != NULL) {
-        Py_XDECREF(reg->tick);
-        Py_XDECREF(reg->tick_globals);
-        PyMem_Free(reg);
-    }
-}
-
-static PyMethodDef after_fork_def = {
-    "_reset_rlocks_after_fork", after_fork_child, METH_NOARGS,
-    "_reset_rlocks_after_fork()\n--\n\n"
-    "Forked child: free every fxguard RLock the forking thread does not hold.",
-};
-
-/* os.register_at_fork(after_in_child=<after_fork_child bound to capsule>).
- * The hook holds the capsule, not the module, so a module object can still
- * be collected; os keeps the hook (a few bytes) for good. */
-static int
-register_after_fork(PyObject *capsule)
-{
-    PyObject *os = PyImport_ImportModule("os");
-    if (os == NULL) {
-        return -1;
-    }
-    PyObject *register_at_fork = PyObject_GetAttrString(os, "register_at_fork");
-    Py_DECREF(os);
-    if (register_at_fork == NULL) {
-        if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
-            PyErr_Clear(); /* no fork() on this platform */
-            return 0;
-        }
-        return -1;
-    }
-    PyObject *hook = PyCFunction_New(&after_fork_def, capsule);
-    PyObject *args = PyTuple_New(0);
-    PyObject *kwargs = hook ? Py_BuildValue("{s:O}", "after_in_child", hook) : NULL;
-    PyObject *r = (args && kwargs) ? PyObject_Call(register_at_fork, args, kwargs) : NULL;
-    Py_XDECREF(hook);
-    Py_XDECREF(args);
-    Py_XDECREF(kwargs);
-    Py_DECREF(register_at_fork);
-    if (r == NULL) {
-        return -1;
-    }
-    Py_DECREF(r);
-    return 0;
-}
-
 int
-fxg_rlock_module_exec(fxg_state *st)
+fxg_rlock_registry_init(fxg_registry *reg)
 {
-    rlock_registry *reg = PyMem_Calloc(1, sizeof(*reg));
-    if (reg == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    st->rlock_registry = PyCapsule_New(reg, REGISTRY_CAPSULE, registry_free);
-    if (st->rlock_registry == NULL) {
-        PyMem_Free(reg);
-        return -1;
-    }
     /* Empty globals: the eval loop falls back to the interpreter's builtins. */
     reg->tick = Py_CompileString("None", "<fxguard.RLock.acquire>", Py_eval_input);
     reg->tick_globals = PyDict_New();
-    if (reg->tick == NULL || reg->tick_globals == NULL) {
-        return -1;
-    }
-    return register_after_fork(st->rlock_registry);
+    return reg->tick != NULL && reg->tick_globals != NULL ? 0 : -1;
+}
+
+void
+fxg_rlock_registry_free(fxg_registry *reg)
+{
+    Py_CLEAR(reg->tick);
+    Py_CLEAR(reg->tick_globals);
 }
 
 static PyMethodDef rlock_with_methods[] = {

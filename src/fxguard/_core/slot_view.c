@@ -96,7 +96,7 @@ check_index(fxg_record *rec, Py_ssize_t index)
 PyObject *
 fxg_slot_value(fxg_state *st, Py_ssize_t index)
 {
-    fxg_record *own = fxg_current_record(st);
+    fxg_record *own = fxg_record_cached(st);
     if (own != NULL) {
         if (index == FXG_FLAG_SLOT) {
             return PyBool_FromLong(own->flag);

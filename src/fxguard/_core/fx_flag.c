@@ -1,0 +1,168 @@
+/* The FX-tracing flag: its readers (is_fx_tracing, is_fx_symbolic_tracing)
+ * and its writer, by mode (fxguard.h's fxg_mode). */
+#include "fxguard.h"
+
+void
+fxg_record_set_flag(fxg_state *st, fxg_record *rec, int value)
+{
+    value = value != 0;
+    if (rec->flag != value) {
+        if (rec->forks == st->records.forks) {
+            st->records.tracing += value ? 1 : -1;
+        }
+        rec->flag = value;
+    }
+}
+
+fxg_record *
+fxg_thread_set_tracing(fxg_state *st, int value, int *prev)
+{
+    fxg_record *rec = fxg_record_for(st);
+    if (rec == NULL) {
+        return NULL;
+    }
+    *prev = rec->flag;
+    fxg_record_set_flag(st, rec, value);
+    return rec;
+}
+
+/* -- reading it --------------------------------------------------------------- */
+
+static int
+call_truth(PyObject *fn)
+{
+    PyObject *r = PyObject_CallNoArgs(fn);
+    if (r == NULL) {
+        return -1;
+    }
+    int t = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    return t;
+}
+
+/* `module.attr` if that module is loaded (never imports it), as a new
+ * reference; NULL without error if the module or attribute is missing. */
+static PyObject *
+loaded_attr(PyObject *module, PyObject *attr)
+{
+    PyObject *mod = PyImport_GetModule(module);
+    if (mod == NULL) {
+        return NULL;
+    }
+    PyObject *value = PyObject_GetAttr(mod, attr);
+    Py_DECREF(mod);
+    if (value == NULL && PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        PyErr_Clear();
+    }
+    return value;
+}
+
+/* Not installed: a thread inside fxguard.fx_tracing() says so itself;
+ * otherwise stock torch's module global tells the truth. */
+static int
+flag_not_installed(fxg_state *st)
+{
+    fxg_record *own = fxg_own_record(st);
+    if (own == NULL && PyErr_Occurred()) {
+        return -1;
+    }
+    if (own != NULL && own->flag) {
+        return 1;
+    }
+    PyObject *flag = loaded_attr(st->str.symbolic_trace, st->str.fx_flag);
+    if (flag == NULL) {
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    int r = PyObject_IsTrue(flag);
+    Py_DECREF(flag);
+    return r;
+}
+
+/* Installed, and the calling thread is not a Python thread with its record:
+ * it has no record yet, or it is an autograd worker. */
+static int
+flag_patched_slow(fxg_state *st, fxg_record *own)
+{
+    if (st->records.tracing == 0) {
+        return 0; /* nobody traces: nothing can have been carried here */
+    }
+    if (own == NULL) {
+        /* A thread's first read while another traces: give it its record
+         * (worker or not is decided once), so that a Python thread's later
+         * reads take the hot path instead of two torch TLS calls each. */
+        if ((own = fxg_make_own_record(st)) == NULL) {
+            return -1;
+        }
+        Py_DECREF(own); /* its thread-state dict holds it */
+        if (!own->worker) {
+            return 0;
+        }
+    }
+    /* A worker answers for the thread whose graph task it runs, if any. */
+    fxg_record *carried = fxg_carried_record(st);
+    if (carried == NULL) {
+        return PyErr_Occurred() ? -1 : own->flag;
+    }
+    int r = carried->flag;
+    Py_DECREF(carried);
+    return r;
+}
+
+int
+fxg_thread_is_tracing(fxg_state *st)
+{
+    switch (st->config.mode) {
+    case FXG_MODE_PATCHED: {
+        fxg_record *own = fxg_own_record(st);
+        if (own != NULL && !own->worker) {
+            return own->flag; /* the hot path: a Python thread's own record */
+        }
+        if (own == NULL && PyErr_Occurred()) {
+            return -1;
+        }
+        return flag_patched_slow(st, own);
+    }
+    case FXG_MODE_UPSTREAM:
+        return call_truth(st->config.upstream_get);
+    default:
+        return flag_not_installed(st);
+    }
+}
+
+static int
+torch_is_compiling(fxg_state *st)
+{
+    if (st->config.is_compiling != NULL) {
+        return call_truth(st->config.is_compiling);
+    }
+    /* Not installed: use torch.compiler.is_compiling if torch is loaded. */
+    PyObject *fn = loaded_attr(st->str.torch_compiler, st->str.is_compiling);
+    if (fn == NULL) {
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    int r = call_truth(fn);
+    Py_DECREF(fn);
+    return r;
+}
+
+int
+fxg_thread_is_symbolic_tracing(fxg_state *st)
+{
+    int tracing = fxg_thread_is_tracing(st);
+    if (tracing <= 0) {
+        return tracing; /* the common case: torch is never called */
+    }
+    int compiling = torch_is_compiling(st);
+    return compiling < 0 ? -1 : !compiling;
+}
+
+int
+fxg_upstream_set(fxg_state *st, PyObject *value)
+{
+    PyObject *r = PyObject_CallOneArg(st->config.upstream_set, value);
+    if (r == NULL) {
+        return -1;
+    }
+    Py_DECREF(r);
+    return 0;
+}

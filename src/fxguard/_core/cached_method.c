@@ -6,7 +6,8 @@
  * in a slot of the instance and hands out that one.  The instance and its
  * bound methods form a cycle, so the owning type must be GC-aware and visit
  * and clear the slots: an instance used in a with-block is freed by the
- * cycle collector, not at its last reference. */
+ * cycle collector, not at its last reference.  Without the GIL the slot is
+ * filled with a compare-and-swap (cached_get). */
 #include "fxguard.h"
 
 typedef struct {
@@ -24,11 +25,25 @@ cached_get(PyObject *self, PyObject *obj, PyObject *type)
     if (obj == NULL || obj == Py_None || !Py_IS_TYPE(obj, c->owner)) {
         return bind(c->method, obj, type); /* class access, or someone else's object */
     }
+    /* Without the GIL two threads may bind at once: the first to store wins,
+     * the other lets its own go.  The slot is cleared only by the owner's
+     * tp_clear, when no thread can reach the instance. */
     PyObject **slot = (PyObject **)((char *)obj + c->offset);
-    if (*slot == NULL && (*slot = bind(c->method, obj, type)) == NULL) {
-        return NULL;
+    PyObject *bound = FXG_LOAD_PTR_ACQUIRE(slot);
+    if (bound == NULL) {
+        PyObject *fresh = bind(c->method, obj, type), *expected = NULL;
+        if (fresh == NULL) {
+            return NULL;
+        }
+        if (FXG_CAS_PTR(slot, &expected, fresh)) {
+            bound = fresh;
+        }
+        else {
+            Py_DECREF(fresh);
+            bound = expected;
+        }
     }
-    return Py_NewRef(*slot);
+    return Py_NewRef(bound);
 }
 
 static int

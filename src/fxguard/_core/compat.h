@@ -26,8 +26,10 @@
 #ifndef FXGUARD_COMPAT_H
 #define FXGUARD_COMPAT_H
 
-#include "fxguard.h"
-
+#ifndef PY_SSIZE_T_CLEAN
+#  define PY_SSIZE_T_CLEAN
+#endif
+#include <Python.h>
 #include <stddef.h> /* offsetof */
 
 #if PY_VERSION_HEX >= 0x030A0000 && PY_VERSION_HEX < 0x030B0000
@@ -145,6 +147,96 @@ fxg_err_drop_innermost_frame(void)
         }
     }
     PyErr_Restore(type, value, tb);
+#endif
+}
+
+/* Free-threaded CPython (3.13t: Py_GIL_DISABLED, PEP 703).  With the GIL,
+ * it serialises every structure of the core; without it, each structure has
+ * the protection its definition states, built from these, which are plain
+ * accesses and no-ops on GIL builds (so the GIL build's code is as before):
+ *   fxg_mutex, fxg_mutex_lock/unlock: a PyMutex (3.13, cpython/lock.h),
+ *       held for a few loads and stores, never around code that can run
+ *       Python code or wait for another lock; reinitialised in a fork child;
+ *   FXG_BEGIN/END_CRITICAL_SECTION(obj): the object's own lock, PEP 703's
+ *       critical section (3.13, cpython/critical_section.h);
+ *   FXG_LOAD/STORE/EXCHANGE/ADD/CAS: atomic accesses (3.13's _Py_atomic_*),
+ *       relaxed unless said otherwise.
+ *   fxg_dict_get_ref: a dict lookup that returns a strong reference, since
+ *       a borrowed one may be freed by another thread (PyDict_GetItemRef,
+ *       3.13). */
+#ifdef Py_GIL_DISABLED
+#  define FXG_FREE_THREADED 1
+#  define FXG_RECORD_CACHE 0 /* fxguard.h: a one-entry cache for all threads */
+typedef PyMutex fxg_mutex;
+#  define fxg_mutex_lock(m) PyMutex_Lock(m)
+#  define fxg_mutex_unlock(m) PyMutex_Unlock(m)
+#  define fxg_mutex_reinit(m) (*(m) = (PyMutex){0})
+#  define FXG_BEGIN_CRITICAL_SECTION(op) Py_BEGIN_CRITICAL_SECTION(op)
+#  define FXG_END_CRITICAL_SECTION() Py_END_CRITICAL_SECTION()
+#  define FXG_LOAD_INT(p) _Py_atomic_load_int_relaxed(p)
+#  define FXG_STORE_INT(p, v) _Py_atomic_store_int_relaxed((p), (v))
+#  define FXG_EXCHANGE_INT(p, v) _Py_atomic_exchange_int((p), (v))
+#  define FXG_LOAD_SSIZE(p) _Py_atomic_load_ssize_relaxed(p)
+#  define FXG_ADD_SSIZE(p, v) ((void)_Py_atomic_add_ssize((p), (v)))
+#  define FXG_LOAD_UINT64(p) _Py_atomic_load_uint64_relaxed(p)
+#  define FXG_STORE_UINT64(p, v) _Py_atomic_store_uint64_relaxed((p), (v))
+#  define FXG_LOAD_PTR(p) _Py_atomic_load_ptr_relaxed(p)
+#  define FXG_STORE_PTR(p, v) _Py_atomic_store_ptr_relaxed((p), (v))
+#  define FXG_LOAD_PTR_ACQUIRE(p) _Py_atomic_load_ptr_acquire(p)
+#  define FXG_STORE_PTR_RELEASE(p, v) _Py_atomic_store_ptr_release((p), (v))
+/* *p = desired if *p == *expected (1); else *expected = *p (0). */
+#  define FXG_CAS_PTR(p, expected, desired) \
+    _Py_atomic_compare_exchange_ptr((p), (expected), (void *)(desired))
+#else
+#  define FXG_FREE_THREADED 0
+#  define FXG_RECORD_CACHE 1
+typedef struct { char unused; } fxg_mutex; /* the GIL serialises */
+#  define fxg_mutex_lock(m) ((void)(m))
+#  define fxg_mutex_unlock(m) ((void)(m))
+#  define fxg_mutex_reinit(m) ((void)(m))
+#  define FXG_BEGIN_CRITICAL_SECTION(op) {
+#  define FXG_END_CRITICAL_SECTION() }
+#  define FXG_LOAD_INT(p) (*(p))
+#  define FXG_STORE_INT(p, v) ((void)(*(p) = (v)))
+#  define FXG_LOAD_SSIZE(p) (*(p))
+#  define FXG_ADD_SSIZE(p, v) ((void)(*(p) += (v)))
+#  define FXG_LOAD_UINT64(p) (*(p))
+#  define FXG_STORE_UINT64(p, v) ((void)(*(p) = (v)))
+#  define FXG_LOAD_PTR(p) ((void *)*(p))
+#  define FXG_STORE_PTR(p, v) ((void)(*(p) = (v)))
+#  define FXG_LOAD_PTR_ACQUIRE(p) ((void *)*(p))
+#  define FXG_STORE_PTR_RELEASE(p, v) ((void)(*(p) = (v)))
+static inline int
+fxg_exchange_int(int *p, int v)
+{
+    int old = *p;
+    *p = v;
+    return old;
+}
+#  define FXG_EXCHANGE_INT(p, v) fxg_exchange_int((p), (v))
+static inline int
+fxg_cas_ptr(void **p, void **expected, void *desired)
+{
+    if (*p == *expected) {
+        *p = desired;
+        return 1;
+    }
+    *expected = *p;
+    return 0;
+}
+#  define FXG_CAS_PTR(p, expected, desired) \
+    fxg_cas_ptr((void **)(p), (void **)(expected), (void *)(desired))
+#endif
+
+/* 1 found (*value a new reference), 0 not found, -1 error. */
+static inline int
+fxg_dict_get_ref(PyObject *dict, PyObject *key, PyObject **value)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    return PyDict_GetItemRef(dict, key, value);
+#else
+    *value = Py_XNewRef(PyDict_GetItemWithError(dict, key));
+    return *value != NULL ? 1 : (PyErr_Occurred() ? -1 : 0);
 #endif
 }
 

@@ -1,23 +1,62 @@
-/* _configure(): what install()/uninstall() hand the core (fxg_config and the
- * torch TLS functions).  Every call starts a new slot layout (epoch). */
+/* _configure(): what install()/uninstall() hand the core (fxg_config).
+ * Every call starts a new slot layout (epoch). */
 #include "fxguard.h"
-
-void
-fxg_config_clear(fxg_state *st)
-{
-    Py_CLEAR(st->config.defaults);
-    Py_CLEAR(st->config.factories);
-    Py_CLEAR(st->config.is_compiling);
-    Py_CLEAR(st->config.upstream_get);
-    Py_CLEAR(st->config.upstream_set);
-    Py_CLEAR(st->tls.stash);
-    Py_CLEAR(st->tls.has);
-    Py_CLEAR(st->tls.get);
-}
 
 /* The torch functions install() hands the core, by keyword, in kwlist's order. */
 enum { HOOK_IS_COMPILING, HOOK_TLS_STASH, HOOK_TLS_HAS, HOOK_TLS_GET, HOOK_UPSTREAM_GET,
        HOOK_UPSTREAM_SET, N_HOOKS };
+
+/* config's object fields, in HOOK order, then the layout's two. */
+#define N_OBJECTS (N_HOOKS + 2)
+
+static PyObject **
+object_field(fxg_config *c, int i)
+{
+    PyObject **fields[N_OBJECTS] = {&c->is_compiling, &c->tls_stash, &c->tls_has, &c->tls_get,
+                                    &c->upstream_get, &c->upstream_set, &c->defaults,
+                                    &c->factories};
+    return fields[i];
+}
+
+/* Put `objects` (new references) in config's fields, with the other values,
+ * as one change; the old objects go back in `objects`, to be let go of
+ * outside the mutex (their finalizers may run any code). */
+static void
+swap_config(fxg_state *st, PyObject *objects[N_OBJECTS], int mode, int carry_context, int steals)
+{
+    fxg_config *c = &st->config;
+    fxg_mutex_lock(&c->mutex);
+    for (int i = 0; i < N_OBJECTS; i++) {
+        PyObject *old = *object_field(c, i);
+        FXG_STORE_PTR(object_field(c, i), objects[i]);
+        objects[i] = old;
+    }
+    c->stash_steals = steals;
+    FXG_STORE_INT(&c->mode, mode);
+    FXG_STORE_INT(&c->carry_context, carry_context);
+    FXG_STORE_UINT64(&c->epoch, c->epoch + 1);
+    fxg_mutex_unlock(&c->mutex);
+}
+
+void
+fxg_config_clear(fxg_state *st)
+{
+    PyObject *objects[N_OBJECTS] = {NULL};
+    swap_config(st, objects, FXG_LOAD_INT(&st->config.mode), 0, 0);
+    for (int i = 0; i < N_OBJECTS; i++) {
+        Py_XDECREF(objects[i]);
+    }
+}
+
+void
+fxg_config_layout(fxg_state *st, uint64_t *epoch, PyObject **defaults, PyObject **factories)
+{
+    fxg_mutex_lock(&st->config.mutex);
+    *epoch = st->config.epoch;
+    *defaults = Py_XNewRef(st->config.defaults);
+    *factories = Py_XNewRef(st->config.factories);
+    fxg_mutex_unlock(&st->config.mutex);
+}
 
 typedef struct {
     int mode;
@@ -100,18 +139,15 @@ fxg_configure(PyObject *module, PyObject *args, PyObject *kwargs)
         (steals = fxg_stash_steals(st, a.hooks[HOOK_TLS_STASH])) < 0) {
         return NULL;
     }
-    fxg_config_clear(st);
-    st->config.defaults = Py_XNewRef(a.defaults);
-    st->config.factories = Py_XNewRef(a.factories);
-    st->config.is_compiling = Py_XNewRef(a.hooks[HOOK_IS_COMPILING]);
-    st->config.upstream_get = Py_XNewRef(a.hooks[HOOK_UPSTREAM_GET]);
-    st->config.upstream_set = Py_XNewRef(a.hooks[HOOK_UPSTREAM_SET]);
-    st->tls.stash = Py_XNewRef(a.hooks[HOOK_TLS_STASH]);
-    st->tls.has = Py_XNewRef(a.hooks[HOOK_TLS_HAS]);
-    st->tls.get = Py_XNewRef(a.hooks[HOOK_TLS_GET]);
-    st->tls.stash_steals = steals;
-    st->config.mode = (fxg_mode)a.mode;
-    st->config.carry_context = a.carry_context;
-    st->config.epoch++;
+    PyObject *objects[N_OBJECTS];
+    for (int i = 0; i < N_HOOKS; i++) {
+        objects[i] = Py_XNewRef(a.hooks[i]);
+    }
+    objects[N_HOOKS] = Py_XNewRef(a.defaults);
+    objects[N_HOOKS + 1] = Py_XNewRef(a.factories);
+    swap_config(st, objects, a.mode, a.carry_context, steals);
+    for (int i = 0; i < N_OBJECTS; i++) {
+        Py_XDECREF(objects[i]);
+    }
     Py_RETURN_NONE;
 }

@@ -13,7 +13,12 @@
  *
  * In a class, a Dispatch is a method descriptor: `obj(...)` calls it
  * unbound with obj first (no bound-method allocation), `cls.name` and
- * `obj.name` bind the caller's value as the value itself would bind. */
+ * `obj.name` bind the caller's value as the value itself would bind.
+ *
+ * Without the GIL: original, callee and method never change after __new__;
+ * `overrides` is a dict, whose own lock guards it; each thread writes only
+ * its own key, and lookups take strong references (another thread's insert
+ * may resize the dict, a racing reset() may drop the value). */
 #include "fxguard.h"
 #include <structmember.h>
 
@@ -43,12 +48,13 @@ current(DispatchObject *d)
     if (key == NULL) {
         return NULL;
     }
-    PyObject *value = PyDict_GetItemWithError(d->overrides, key);
+    PyObject *value;
+    int found = fxg_dict_get_ref(d->overrides, key, &value);
     Py_DECREF(key);
-    if (value == NULL) {
-        return PyErr_Occurred() ? NULL : Py_NewRef(d->callee);
+    if (found <= 0) {
+        return found < 0 ? NULL : Py_NewRef(d->callee);
     }
-    return Py_NewRef(value);
+    return value;
 }
 
 /* Whether calling `fn(self, *args)` is the same as calling `fn` bound to self. */
@@ -172,12 +178,13 @@ dispatch_override(PyObject *self, PyObject *default_value)
     if (key == NULL) {
         return NULL;
     }
-    PyObject *value = PyDict_GetItemWithError(d->overrides, key);
+    PyObject *value;
+    int found = fxg_dict_get_ref(d->overrides, key, &value);
     Py_DECREF(key);
-    if (value == NULL) {
-        return PyErr_Occurred() ? NULL : Py_NewRef(default_value);
+    if (found <= 0) {
+        return found < 0 ? NULL : Py_NewRef(default_value);
     }
-    return Py_NewRef(value);
+    return value;
 }
 
 static PyObject *

@@ -50,7 +50,15 @@ after_fork_in_child(PyObject *capsule, PyObject *Py_UNUSED(ignored))
     if (reg == NULL) {
         return NULL;
     }
-    int records = reg->st != NULL ? fxg_records_after_fork(reg->st) : 0;
+    int records = 0;
+    if (reg->st != NULL) {
+        /* Without the GIL: CPython stops the world before fork(), and no
+         * thread waits or runs Python code holding these; made anew anyway,
+         * as a thread that is gone may not release them. */
+        fxg_mutex_reinit(&reg->st->config.mutex);
+        fxg_mutex_reinit(&reg->st->tls.mutex);
+        records = fxg_records_after_fork(reg->st);
+    }
     Py_ssize_t stale = fxg_rlocks_after_fork(reg); /* every lock, whatever happened above */
     if (records < 0) {
         return NULL;

@@ -2,16 +2,18 @@
  * and its writer, by mode (fxguard.h's fxg_mode). */
 #include "fxguard.h"
 
-void
+/* Without the GIL several threads may set one record's flag (its own, a
+ * worker acting for it): the exchange gives each change to one of them,
+ * which moves the count. */
+int
 fxg_record_set_flag(fxg_state *st, fxg_record *rec, int value)
 {
     value = value != 0;
-    if (rec->flag != value) {
-        if (rec->forks == st->records.forks) {
-            st->records.tracing += value ? 1 : -1;
-        }
-        rec->flag = value;
+    int old = FXG_EXCHANGE_INT(&rec->flag, value);
+    if (old != value && rec->forks == st->records.forks) {
+        FXG_ADD_SSIZE(&st->records.tracing, value ? 1 : -1);
     }
+    return old;
 }
 
 fxg_record *
@@ -21,8 +23,7 @@ fxg_thread_set_tracing(fxg_state *st, int value, int *prev)
     if (rec == NULL) {
         return NULL;
     }
-    *prev = rec->flag;
-    fxg_record_set_flag(st, rec, value);
+    *prev = fxg_record_set_flag(st, rec, value);
     return rec;
 }
 
@@ -66,7 +67,7 @@ flag_not_installed(fxg_state *st)
     if (own == NULL && PyErr_Occurred()) {
         return -1;
     }
-    if (own != NULL && own->flag) {
+    if (own != NULL && FXG_LOAD_INT(&own->flag)) {
         return 1;
     }
     PyObject *flag = loaded_attr(st->str.symbolic_trace, st->str.fx_flag);
@@ -83,7 +84,7 @@ flag_not_installed(fxg_state *st)
 static int
 flag_patched_slow(fxg_state *st, fxg_record *own)
 {
-    if (st->records.tracing == 0) {
+    if (FXG_LOAD_SSIZE(&st->records.tracing) == 0) {
         return 0; /* nobody traces: nothing can have been carried here */
     }
     if (own == NULL) {
@@ -101,21 +102,35 @@ flag_patched_slow(fxg_state *st, fxg_record *own)
     /* A worker answers for the thread whose graph task it runs, if any. */
     fxg_record *carried = fxg_carried_record(st);
     if (carried == NULL) {
-        return PyErr_Occurred() ? -1 : own->flag;
+        return PyErr_Occurred() ? -1 : FXG_LOAD_INT(&own->flag);
     }
-    int r = carried->flag;
+    int r = FXG_LOAD_INT(&carried->flag);
     Py_DECREF(carried);
+    return r;
+}
+
+/* torch keeps the flag per thread itself.  (Without the GIL, uninstall() may
+ * have just cleared the hook: then the flag is as when not installed.) */
+static int
+flag_upstream(fxg_state *st)
+{
+    PyObject *get = fxg_config_ref(st, &st->config.upstream_get);
+    if (get == NULL) {
+        return flag_not_installed(st);
+    }
+    int r = call_truth(get);
+    Py_DECREF(get);
     return r;
 }
 
 int
 fxg_thread_is_tracing(fxg_state *st)
 {
-    switch (st->config.mode) {
+    switch (fxg_config_mode(st)) {
     case FXG_MODE_PATCHED: {
         fxg_record *own = fxg_own_record(st);
         if (own != NULL && !own->worker) {
-            return own->flag; /* the hot path: a Python thread's own record */
+            return FXG_LOAD_INT(&own->flag); /* the hot path: a Python thread's own record */
         }
         if (own == NULL && PyErr_Occurred()) {
             return -1;
@@ -123,7 +138,7 @@ fxg_thread_is_tracing(fxg_state *st)
         return flag_patched_slow(st, own);
     }
     case FXG_MODE_UPSTREAM:
-        return call_truth(st->config.upstream_get);
+        return flag_upstream(st);
     default:
         return flag_not_installed(st);
     }
@@ -132,11 +147,11 @@ fxg_thread_is_tracing(fxg_state *st)
 static int
 torch_is_compiling(fxg_state *st)
 {
-    if (st->config.is_compiling != NULL) {
-        return call_truth(st->config.is_compiling);
+    PyObject *fn = fxg_config_ref(st, &st->config.is_compiling);
+    if (fn == NULL) {
+        /* Not installed: use torch.compiler.is_compiling if torch is loaded. */
+        fn = loaded_attr(st->str.torch_compiler, st->str.is_compiling);
     }
-    /* Not installed: use torch.compiler.is_compiling if torch is loaded. */
-    PyObject *fn = loaded_attr(st->str.torch_compiler, st->str.is_compiling);
     if (fn == NULL) {
         return PyErr_Occurred() ? -1 : 0;
     }
@@ -154,15 +169,4 @@ fxg_thread_is_symbolic_tracing(fxg_state *st)
     }
     int compiling = torch_is_compiling(st);
     return compiling < 0 ? -1 : !compiling;
-}
-
-int
-fxg_upstream_set(fxg_state *st, PyObject *value)
-{
-    PyObject *r = PyObject_CallOneArg(st->config.upstream_set, value);
-    if (r == NULL) {
-        return -1;
-    }
-    Py_DECREF(r);
-    return 0;
 }

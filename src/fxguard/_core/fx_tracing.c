@@ -1,7 +1,11 @@
 /* fx_tracing(active=True): set the calling thread's FX-tracing flag for the
  * duration of a with-block and put back the previous value on exit, also when
  * the block raises.  Each object is one scope: it restores the very record it
- * wrote, so nesting (with fresh objects) unwinds exactly. */
+ * wrote, so nesting (with fresh objects) unwinds exactly.
+ *
+ * Without the GIL, two threads could use one object at once (a misuse): the
+ * object's critical section makes `entered` a claim that only one of them
+ * gets, and guards the fields written with it. */
 #include "fxguard.h"
 
 typedef struct {
@@ -71,6 +75,48 @@ fx_tracing_dealloc(PyObject *self)
     Py_DECREF(tp);
 }
 
+/* Claim the object for a with-block (1), or 0 if it is in use (entering)
+ * or, for !entering, not entered. */
+static int
+claim(FxTracingObject *o, int entering)
+{
+    int ok;
+    FXG_BEGIN_CRITICAL_SECTION(o);
+    ok = o->entered != entering;
+    if (ok) {
+        o->entered = entering;
+    }
+    FXG_END_CRITICAL_SECTION();
+    return ok;
+}
+
+/* Upstream mode: torch's own setter, with the previous value kept for exit.
+ * 1 done, 0 not in upstream mode (any more), -1 error. */
+static int
+enter_upstream(FxTracingObject *o, fxg_state *st)
+{
+    if (fxg_config_mode(st) != FXG_MODE_UPSTREAM) {
+        return 0;
+    }
+    PyObject *get = fxg_config_ref(st, &st->config.upstream_get);
+    PyObject *set = fxg_config_ref(st, &st->config.upstream_set); /* kept: uninstall() clears st's */
+    PyObject *prev = get != NULL && set != NULL ? PyObject_CallNoArgs(get) : NULL;
+    PyObject *r = prev != NULL ? PyObject_CallOneArg(set, o->active ? Py_True : Py_False) : NULL;
+    int done = get != NULL && set != NULL ? (r != NULL ? 1 : -1) : 0;
+    Py_XDECREF(get);
+    Py_XDECREF(r);
+    if (done == 1) {
+        FXG_BEGIN_CRITICAL_SECTION(o);
+        o->upstream_prev = prev;
+        o->upstream_set = set;
+        FXG_END_CRITICAL_SECTION();
+        return 1;
+    }
+    Py_XDECREF(prev);
+    Py_XDECREF(set);
+    return done;
+}
+
 static PyObject *
 fx_tracing_enter(PyObject *self, PyObject *Py_UNUSED(ignored))
 {
@@ -79,30 +125,27 @@ fx_tracing_enter(PyObject *self, PyObject *Py_UNUSED(ignored))
     if (st == NULL) {
         return NULL;
     }
-    if (o->entered) {
+    if (!claim(o, 1)) {
         PyErr_SetString(PyExc_RuntimeError,
                         "fx_tracing() object is already in use; create a new one per with-block");
         return NULL;
     }
-    if (st->config.mode == FXG_MODE_UPSTREAM) {
-        PyObject *prev = PyObject_CallNoArgs(st->config.upstream_get);
-        if (prev == NULL) {
-            return NULL;
+    int upstream = enter_upstream(o, st);
+    if (upstream == 0) {
+        int prev;
+        fxg_record *rec = fxg_thread_set_tracing(st, o->active, &prev);
+        if (rec != NULL) {
+            FXG_BEGIN_CRITICAL_SECTION(o);
+            o->record = rec;
+            o->prev = prev;
+            FXG_END_CRITICAL_SECTION();
         }
-        if (fxg_upstream_set(st, o->active ? Py_True : Py_False) < 0) {
-            Py_DECREF(prev);
-            return NULL;
-        }
-        o->upstream_prev = prev;
-        o->upstream_set = Py_NewRef(st->config.upstream_set); /* uninstall() may clear st's */
+        upstream = rec != NULL ? 0 : -1;
     }
-    else {
-        o->record = fxg_thread_set_tracing(st, o->active, &o->prev);
-        if (o->record == NULL) {
-            return NULL;
-        }
+    if (upstream < 0) {
+        claim(o, 0);
+        return NULL;
     }
-    o->entered = 1;
     Py_RETURN_NONE;
 }
 
@@ -114,18 +157,28 @@ fx_tracing_exit(PyObject *self, PyObject *const *Py_UNUSED(args), Py_ssize_t Py_
     if (st == NULL) {
         return NULL;
     }
-    if (!o->entered) {
+    fxg_record *rec;
+    PyObject *prev, *setter;
+    int prev_flag, entered;
+    FXG_BEGIN_CRITICAL_SECTION(o);
+    entered = o->entered;
+    o->entered = 0;
+    rec = o->record;
+    prev_flag = o->prev;
+    prev = o->upstream_prev;
+    setter = o->upstream_set;
+    o->record = NULL;
+    o->upstream_prev = o->upstream_set = NULL;
+    FXG_END_CRITICAL_SECTION();
+    if (!entered) {
         PyErr_SetString(PyExc_RuntimeError, "fx_tracing() exited without being entered");
         return NULL;
     }
-    o->entered = 0;
-    if (o->record != NULL) {
-        fxg_record_set_flag(st, o->record, o->prev);
-        Py_CLEAR(o->record);
+    if (rec != NULL) {
+        fxg_record_set_flag(st, rec, prev_flag);
+        Py_DECREF(rec);
     }
-    else if (o->upstream_prev != NULL) {
-        PyObject *prev = o->upstream_prev, *setter = o->upstream_set;
-        o->upstream_prev = o->upstream_set = NULL;
+    else if (prev != NULL) {
         PyObject *r = PyObject_CallOneArg(setter, prev);
         Py_DECREF(prev);
         Py_DECREF(setter);

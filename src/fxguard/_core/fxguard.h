@@ -23,6 +23,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "compat.h"
+
 /* Where the FX-tracing flag comes from. */
 typedef enum {
     FXG_MODE_OFF = 0,      /* not installed: own record if set, else torch's module global */
@@ -33,13 +35,22 @@ typedef enum {
 /* Slot index meaning "the FX-tracing flag" (kept as a C int, not in the list). */
 #define FXG_FLAG_SLOT (-1)
 
+/* One thread's record.  Without the GIL: `flag` is atomic (whoever acts for
+ * the record sets it: its thread, a worker running that thread's backward,
+ * a scope that exits late); `values` and `context` are read and written
+ * under the record's critical section, and `epoch` written there (atomic
+ * stores: the own thread's fast path reads its own `epoch` and `context`
+ * without the section, `context` having no other writer); `published` and
+ * `kept` are written by the own thread only (published atomically: workers
+ * read it); `worker` is set once, at creation; `forks` is written only in a
+ * fork child, which has one thread. */
 typedef struct {
     PyObject_HEAD
     int flag;            /* FX-tracing flag */
     int worker;          /* on a thread Python did not start: carried records come first */
     int published;       /* handed to torch's thread-local objects */
     int kept;            /* in the kept list (torch 2.11 holds it without a reference) */
-    unsigned long epoch; /* the _configure() whose slot layout `values` has */
+    uint64_t epoch;      /* the _configure() whose slot layout `values` has */
     unsigned long forks; /* records.forks when made: a record from before a fork in a
                           * child is another thread's, whose flag no longer counts */
     PyObject *values;    /* list: one value per slot */
@@ -66,40 +77,52 @@ typedef struct {
 } fxg_names;
 
 /* What install() handed the core through _configure() (config.c).  The
- * object fields are NULL when not given (and after uninstall()). */
+ * object fields are NULL when not given (and after uninstall()).  Without
+ * the GIL: _configure() writes every field under `mutex`; `mode`, `epoch`
+ * and `carry_context` are read with atomic loads, and whether tls_stash is
+ * set too; the objects are taken as strong references under `mutex`
+ * (fxg_config_ref, fxg_config_layout). */
 typedef struct {
-    fxg_mode mode;
-    unsigned long epoch;     /* bumped by every _configure(): records' slot layout */
+    fxg_mutex mutex;
+    int mode;                /* an fxg_mode */
+    uint64_t epoch;          /* bumped by every _configure(): records' slot layout */
     int carry_context;       /* records note their thread's Context (config per thread) */
     PyObject *defaults;      /* tuple: each slot's initial value (NULL: no slots) */
     PyObject *factories;     /* tuple: callable making a fresh initial value, or None */
     PyObject *is_compiling;  /* torch.compiler.is_compiling */
     PyObject *upstream_get;  /* torch.fx._symbolic_trace._get_is_fx_tracing */
     PyObject *upstream_set;  /* torch.fx._symbolic_trace._set_is_fx_tracing */
+    PyObject *tls_stash;     /* torch._C._stash_obj_in_tls */
+    PyObject *tls_has;       /* torch._C._is_key_in_tls */
+    PyObject *tls_get;       /* torch._C._get_obj_in_tls */
+    int stash_steals;        /* tls_stash keeps our reference without taking one (2.11) */
 } fxg_config;
 
-/* torch's thread-local objects, through which records reach autograd
- * workers (torch_tls.c).  stash/has/get come from _configure(). */
+/* What the core holds for torch's thread-local objects, through which
+ * records reach autograd workers (torch_tls.c).  Without the GIL: `kept`
+ * and `kept_sweep_at` under `mutex`; `published` atomic. */
 typedef struct {
-    PyObject *stash;         /* torch._C._stash_obj_in_tls */
-    PyObject *has;           /* torch._C._is_key_in_tls */
-    PyObject *get;           /* torch._C._get_obj_in_tls */
-    int stash_steals;        /* stash keeps our reference without taking one (torch 2.11) */
+    fxg_mutex mutex;
     Py_ssize_t published;    /* records handed to torch's TLS */
     PyObject *kept;          /* list: what such a torch holds (records, probes), see fxg_keep */
     Py_ssize_t kept_sweep_at; /* sweep `kept` when it grows to this length */
 } fxg_torch_tls;
 
-/* The threads' records, as a whole (record.c, fx_flag.c). */
+/* The threads' records, as a whole (record.c, fx_flag.c).  Without the GIL:
+ * `tracing` atomic; `forks` written only in a fork child. */
 typedef struct {
     Py_ssize_t tracing;      /* records whose flag is set */
     unsigned long forks;     /* forks this process is the child of (fxg_records_after_fork) */
+#if FXG_RECORD_CACHE
     /* The last thread's own record: a thread-state id is never reused, so
-     * one compare replaces the thread-state dict lookup on the hot path. */
+     * one compare replaces the thread-state dict lookup on the hot path.
+     * One entry for every thread: only where the GIL serialises them. */
     uint64_t cached_id;
     PyObject *cached;
+#endif
 } fxg_records;
 
+/* Made at exec, read-only after. */
 typedef struct {
     PyTypeObject *record;
     PyTypeObject *slot_view;
@@ -109,14 +132,15 @@ typedef struct {
     PyTypeObject *dispatch;
 } fxg_types;
 
-/* The module state: everything mutable of one module object. */
+/* The module state: everything mutable of one module object, each part
+ * with its protection without the GIL. */
 typedef struct {
     fxg_records records;
     fxg_config config;
     fxg_torch_tls tls;
-    fxg_names str;
+    fxg_names str;           /* made at exec, read-only after */
     fxg_types types;
-    PyObject *registry;      /* capsule of the fxg_registry (fork.c) */
+    PyObject *registry;      /* capsule of the fxg_registry (fork.c): set at exec */
 } fxg_state;
 
 struct RLockObject;
@@ -124,8 +148,12 @@ struct RLockObject;
 /* What must outlive the module object: the live RLocks (each holds the
  * capsule, whatever order the collector tears a module, its type and its
  * locks down in) and the after-fork hook's way to the module state.  One per
- * module object, in a capsule (fork.c). */
+ * module object, in a capsule (fork.c).  Without the GIL: `locks` (the list
+ * and every lock's prev/next) under `mutex`; `st` written at exec and when
+ * the module state is cleared, read by the after-fork hook; the tick set at
+ * exec, read-only after. */
 typedef struct {
+    fxg_mutex mutex;
     fxg_state *st;             /* NULL once the module state is cleared */
     struct RLockObject *locks; /* every live RLock of the module (rlock.c) */
     PyObject *tick;            /* code object of "None", and its globals: */
@@ -138,15 +166,34 @@ fxg_state_of_type(PyTypeObject *tp)
     return (fxg_state *)PyType_GetModuleState(tp);
 }
 
+/* A strong reference to one of st->config's objects (NULL if not set):
+ * without the GIL, _configure() may replace it at any moment. */
+static inline PyObject *
+fxg_config_ref(fxg_state *st, PyObject **field)
+{
+    fxg_mutex_lock(&st->config.mutex);
+    PyObject *obj = Py_XNewRef(*field);
+    fxg_mutex_unlock(&st->config.mutex);
+    return obj;
+}
+
+static inline fxg_mode
+fxg_config_mode(fxg_state *st)
+{
+    return (fxg_mode)FXG_LOAD_INT(&st->config.mode);
+}
+
 /* -- finding the calling thread's record (record.c) ----------------------------
  *
- * fxg_own_record(): the thread's own record, from the one-entry cache or the
- * thread-state dict (which fills the cache).  fxg_record_for(): the record
- * the thread's reads and writes go to: a Python thread's own; on a worker,
- * the record carried in from the thread whose graph task it runs
- * (fxg_carried_record), else its own; made on first use and brought up to
- * date (the three conditions below).  fxg_record_cached() is
- * fxg_record_for()'s hot path: the cached record when it needs nothing. */
+ * fxg_own_record(): the thread's own record, from the thread-state dict
+ * (with the GIL, a one-entry cache first; the lookup fills it).  The dict is
+ * changed only by its own thread, so the borrowed record stays valid for the
+ * caller.  fxg_record_for(): the record the thread's reads and writes go to:
+ * a Python thread's own; on a worker, the record carried in from the thread
+ * whose graph task it runs (fxg_carried_record), else its own; made on first
+ * use and brought up to date (the three conditions below).
+ * fxg_record_ready() is fxg_record_for()'s hot path: the own record when it
+ * needs nothing done. */
 
 fxg_record *fxg_own_record_uncached(fxg_state *st);
 
@@ -154,10 +201,12 @@ fxg_record *fxg_own_record_uncached(fxg_state *st);
 static inline fxg_record *
 fxg_own_record(fxg_state *st)
 {
+#if FXG_RECORD_CACHE
     fxg_record *cached = (fxg_record *)st->records.cached;
     if (cached != NULL && st->records.cached_id == PyThreadState_Get()->id) {
         return cached;
     }
+#endif
     return fxg_own_record_uncached(st);
 }
 
@@ -167,34 +216,59 @@ fxg_own_record(fxg_state *st)
 static inline int
 fxg_layout_is_current(fxg_state *st, fxg_record *rec)
 {
-    return rec->epoch == st->config.epoch;
+    return FXG_LOAD_UINT64(&rec->epoch) == FXG_LOAD_UINT64(&st->config.epoch);
 }
 
 static inline int
 fxg_needs_publishing(fxg_state *st, fxg_record *rec)
 {
-    return st->tls.stash != NULL && !rec->published && !rec->worker;
+    return FXG_LOAD_PTR(&st->config.tls_stash) != NULL && !FXG_LOAD_INT(&rec->published) &&
+           !rec->worker;
 }
 
 static inline PyObject *
 fxg_context_to_note(fxg_state *st, PyThreadState *ts)
 {
-    return st->config.carry_context ? ts->context : NULL;
+    return FXG_LOAD_INT(&st->config.carry_context) ? ts->context : NULL;
 }
 
-/* fxg_record_for()'s answer when the cache has it (borrowed): a Python
- * thread's own record that needs nothing done.  NULL: call fxg_record_for(). */
+/* fxg_record_for()'s answer when the calling Python thread's own record
+ * needs nothing done (borrowed; with the GIL, only from the cache).  NULL:
+ * call fxg_record_for() (and if an error is set, fail). */
 static inline fxg_record *
-fxg_record_cached(fxg_state *st)
+fxg_record_ready(fxg_state *st)
 {
     PyThreadState *ts = PyThreadState_Get();
+#if FXG_RECORD_CACHE
     fxg_record *own = (fxg_record *)st->records.cached;
-    if (own == NULL || st->records.cached_id != ts->id || own->worker ||
-        !fxg_layout_is_current(st, own) || fxg_needs_publishing(st, own) ||
+    if (own == NULL || st->records.cached_id != ts->id) {
+        return NULL;
+    }
+#else
+    fxg_record *own = fxg_own_record_uncached(st);
+    if (own == NULL) {
+        return NULL;
+    }
+#endif
+    if (own->worker || !fxg_layout_is_current(st, own) || fxg_needs_publishing(st, own) ||
         own->context != fxg_context_to_note(st, ts)) {
         return NULL;
     }
     return own;
+}
+
+/* rec's value of slot `index` (>= 0), a new reference; NULL without error if
+ * rec's layout has no such slot. */
+static inline PyObject *
+fxg_record_value(fxg_record *rec, Py_ssize_t index)
+{
+    PyObject *value = NULL;
+    FXG_BEGIN_CRITICAL_SECTION(rec);
+    if (index < PyList_GET_SIZE(rec->values)) {
+        value = Py_NewRef(PyList_GET_ITEM(rec->values, index));
+    }
+    FXG_END_CRITICAL_SECTION();
+    return value;
 }
 
 /* New reference; NULL with an error set. */
@@ -202,8 +276,16 @@ fxg_record *fxg_record_for(fxg_state *st);
 /* A new record for the calling thread, in its thread-state dict (new
  * reference); whether it is a worker is decided here, once. */
 fxg_record *fxg_make_own_record(fxg_state *st);
+/* Set rec's slot `index` (>= 0) to value: 0, or -1 with RuntimeError if
+ * rec's layout has no such slot. */
+int fxg_record_set_value(fxg_record *rec, Py_ssize_t index, PyObject *value);
+/* A copy of rec's values (new list), NULL with an error. */
+PyObject *fxg_record_values(fxg_record *rec);
 /* In a forked child: only the forking thread's flag counts.  0, or -1. */
 int fxg_records_after_fork(fxg_state *st);
+/* Whether obj is held by the record cache (with the GIL), which then holds
+ * one reference to it. */
+int fxg_record_is_cached(fxg_state *st, PyObject *obj);
 extern PyType_Spec fxg_record_spec;
 
 /* torch_tls.c */
@@ -233,13 +315,16 @@ int fxg_thread_is_symbolic_tracing(fxg_state *st);  /* 1, 0, or -1 with error */
 /* Set the flag of the calling thread's record; returns that record (new
  * reference) and stores the previous flag in *prev.  NULL with an error. */
 fxg_record *fxg_thread_set_tracing(fxg_state *st, int value, int *prev);
-/* Set rec's flag, keeping records.tracing in step. */
-void fxg_record_set_flag(fxg_state *st, fxg_record *rec, int value);
-int fxg_upstream_set(fxg_state *st, PyObject *value);  /* 0 or -1 */
+/* Set rec's flag, keeping records.tracing in step; returns the old flag. */
+int fxg_record_set_flag(fxg_state *st, fxg_record *rec, int value);
 
 /* config.c */
 PyObject *fxg_configure(PyObject *module, PyObject *args, PyObject *kwargs);
 void fxg_config_clear(fxg_state *st);
+/* The slot layout: its epoch, defaults and factories (new references or
+ * NULL when there are no slots), read together. */
+void fxg_config_layout(fxg_state *st, uint64_t *epoch, PyObject **defaults,
+                       PyObject **factories);
 
 /* slot_view.c */
 extern PyType_Spec fxg_slot_view_spec;

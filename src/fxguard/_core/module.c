@@ -50,10 +50,10 @@ tracing_records(PyObject *module, PyObject *Py_UNUSED(ignored))
     fxg_state *st = state_of(module);
     /* A record torch 2.11 no longer holds may still count (its thread ended
      * inside a trace): let go of those first.  Rare: uninstall() asks. */
-    if (st->records.tracing > 0 && PyList_GET_SIZE(st->tls.kept) > 0 && fxg_sweep_kept(st) < 0) {
+    if (FXG_LOAD_SSIZE(&st->records.tracing) > 0 && fxg_sweep_kept(st) < 0) {
         return NULL;
     }
-    return PyLong_FromSsize_t(st->records.tracing);
+    return PyLong_FromSsize_t(FXG_LOAD_SSIZE(&st->records.tracing));
 }
 
 /* _await_thread_exits(timeout): an exit handler (see
@@ -82,13 +82,17 @@ await_thread_exits(PyObject *module, PyObject *arg)
 static PyObject *
 stash_steals_flag(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
-    return PyBool_FromLong(state_of(module)->tls.stash_steals);
+    fxg_state *st = state_of(module);
+    fxg_mutex_lock(&st->config.mutex);
+    int steals = st->config.stash_steals;
+    fxg_mutex_unlock(&st->config.mutex);
+    return PyBool_FromLong(steals);
 }
 
 static PyObject *
 get_mode(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
-    return PyLong_FromLong(state_of(module)->config.mode);
+    return PyLong_FromLong(fxg_config_mode(state_of(module)));
 }
 
 static PyObject *
@@ -98,7 +102,7 @@ thread_values(PyObject *module, PyObject *Py_UNUSED(ignored))
     if (rec == NULL) {
         return NULL;
     }
-    PyObject *copy = PyList_GetSlice(rec->values, 0, PyList_GET_SIZE(rec->values));
+    PyObject *copy = fxg_record_values(rec);
     Py_DECREF(rec);
     return copy;
 }
@@ -235,11 +239,13 @@ core_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->config.is_compiling);
     Py_VISIT(st->config.upstream_get);
     Py_VISIT(st->config.upstream_set);
-    Py_VISIT(st->tls.stash);
-    Py_VISIT(st->tls.has);
-    Py_VISIT(st->tls.get);
+    Py_VISIT(st->config.tls_stash);
+    Py_VISIT(st->config.tls_has);
+    Py_VISIT(st->config.tls_get);
     Py_VISIT(st->tls.kept);
+#if FXG_RECORD_CACHE
     Py_VISIT(st->records.cached);
+#endif
     Py_VISIT(st->types.record);
     Py_VISIT(st->types.slot_view);
     Py_VISIT(st->types.fx_tracing);
@@ -260,7 +266,9 @@ core_clear(PyObject *module)
     FXG_NAMES(FXG_NAME_CLEAR)
 #undef FXG_NAME_CLEAR
     Py_CLEAR(st->tls.kept);
+#if FXG_RECORD_CACHE
     Py_CLEAR(st->records.cached);
+#endif
     Py_CLEAR(st->types.record);
     Py_CLEAR(st->types.slot_view);
     Py_CLEAR(st->types.fx_tracing);

@@ -14,8 +14,15 @@
  * coverage do not see these calls.
  * A reader may call one global of its module first (`first`, by name: torch's
  * is_fx_tracing() warns on every call); the vectorcall route calls it, the
- * code route's code does. */
-#include "compat.h"
+ * code route's code does.
+ *
+ * Without the GIL: kind, slot, st and first never change after __new__;
+ * function and saved are written by the `function` setter (install(),
+ * uninstall()) inside the Reader's critical section, and reader_vectorcall
+ * reads them with atomic loads.  The function's own vectorcall pointer is
+ * set as CPython's PyFunction_SetVectorcall sets it (a plain store that
+ * calls racing with install()/uninstall() may miss, as with any function). */
+#include "fxguard.h"
 
 typedef enum {
     FXG_READ_VALUE = 0,    /* the slot's value (FXG_FLAG_SLOT: the FX flag, a bool) */
@@ -108,21 +115,21 @@ reader_of(PyObject *func)
         return NULL;
     }
     ReaderObject *r = (ReaderObject *)last;
-    return r->function == func ? r : NULL;
+    return FXG_LOAD_PTR(&r->function) == (void *)func ? r : NULL;
 }
 
 /* Call the global `name` of func's module with no arguments, as its code would. */
 static int
 call_first(PyObject *func, PyObject *name)
 {
-    PyObject *fn = PyDict_GetItemWithError(PyFunction_GET_GLOBALS(func), name); /* borrowed */
-    if (fn == NULL) {
-        if (!PyErr_Occurred()) {
+    PyObject *fn; /* a strong reference: the call (or another thread) may rebind the global */
+    int found = fxg_dict_get_ref(PyFunction_GET_GLOBALS(func), name, &fn);
+    if (found <= 0) {
+        if (found == 0) {
             PyErr_Format(PyExc_NameError, "name '%U' is not defined", name);
         }
         return -1;
     }
-    Py_INCREF(fn); /* the call may rebind the global */
     PyObject *result = PyObject_CallNoArgs(fn);
     Py_DECREF(fn);
     Py_XDECREF(result);
@@ -139,8 +146,10 @@ reader_vectorcall(PyObject *func, PyObject *const *args, size_t nargsf, PyObject
 {
     ReaderObject *r = reader_of(func);
     if (r == NULL) {
-        /* __code__ was swapped since attaching: run whatever code it has. */
-        return python_vectorcall(func, args, nargsf, kwnames);
+        /* __code__ was swapped since attaching (or the reader detached):
+         * run whatever code it has. */
+        vectorcallfunc python = (vectorcallfunc)FXG_LOAD_PTR_ACQUIRE(&python_vectorcall);
+        return python(func, args, nargsf, kwnames);
     }
     if (PyVectorcall_NARGS(nargsf) == 0 && (kwnames == NULL || PyTuple_GET_SIZE(kwnames) == 0)) {
         if (r->first != NULL && call_first(func, r->first) < 0) {
@@ -148,7 +157,8 @@ reader_vectorcall(PyObject *func, PyObject *const *args, size_t nargsf, PyObject
         }
         return answer(r);
     }
-    return r->saved(func, args, nargsf, kwnames); /* the code raises the TypeError */
+    vectorcallfunc saved = (vectorcallfunc)FXG_LOAD_PTR(&r->saved);
+    return saved(func, args, nargsf, kwnames); /* the code raises the TypeError */
 }
 
 static int
@@ -184,44 +194,56 @@ attach(ReaderObject *r, PyObject *func)
         PyErr_SetString(PyExc_ValueError, "Reader.function: the function already has a reader");
         return -1;
     }
-    r->saved = fn->vectorcall;
-    r->function = Py_NewRef(func);
+    FXG_STORE_PTR(&r->saved, fn->vectorcall);
+    FXG_STORE_PTR(&r->function, Py_NewRef(func));
     fxg_function_set_vectorcall(fn, reader_vectorcall);
     return 0;
 }
 
-static void
+/* The function it served, to be let go of (outside the critical section). */
+static PyObject *
 detach(ReaderObject *r)
 {
     PyFunctionObject *fn = (PyFunctionObject *)r->function;
     if (fn->vectorcall == reader_vectorcall) {
         fxg_function_set_vectorcall(fn, r->saved);
     }
-    Py_CLEAR(r->function);
+    FXG_STORE_PTR(&r->function, NULL);
+    return (PyObject *)fn;
 }
 
 static PyObject *
 reader_get_function(PyObject *self, void *Py_UNUSED(closure))
 {
-    PyObject *f = ((ReaderObject *)self)->function;
-    return Py_NewRef(f != NULL ? f : Py_None);
+    PyObject *f;
+    FXG_BEGIN_CRITICAL_SECTION(self);
+    f = Py_NewRef(((ReaderObject *)self)->function ? ((ReaderObject *)self)->function : Py_None);
+    FXG_END_CRITICAL_SECTION();
+    return f;
 }
 
 static int
 reader_set_function(PyObject *self, PyObject *value, void *Py_UNUSED(closure))
 {
     ReaderObject *r = (ReaderObject *)self;
+    PyObject *detached = NULL;
+    int result = 0;
+    FXG_BEGIN_CRITICAL_SECTION(self);
     if (value == NULL || value == Py_None) {
         if (r->function != NULL) {
-            detach(r);
+            detached = detach(r);
         }
-        return 0;
     }
-    if (r->function != NULL) {
+    else if (r->function != NULL) {
         PyErr_SetString(PyExc_ValueError, "Reader.function: already serving a function");
-        return -1;
+        result = -1;
     }
-    return attach(r, value);
+    else {
+        result = attach(r, value);
+    }
+    FXG_END_CRITICAL_SECTION();
+    Py_XDECREF(detached);
+    return result;
 }
 
 /* -- function versions (compat.h) -------------------------------------------- */
@@ -290,7 +312,7 @@ reader_clear(PyObject *self)
 {
     ReaderObject *r = (ReaderObject *)self;
     if (r->function != NULL) {
-        detach(r); /* never leave a function pointing at a dead reader */
+        Py_DECREF(detach(r)); /* never leave a function pointing at a dead reader */
     }
     Py_CLEAR(r->first);
     return 0;
@@ -310,9 +332,12 @@ static PyObject *
 reader_repr(PyObject *self)
 {
     ReaderObject *r = (ReaderObject *)self;
-    return PyUnicode_FromFormat("<fxguard.Reader %s slot=%zd function=%R>",
-                                r->kind == FXG_READ_VALUE ? "value" : "symbolic", r->slot,
-                                r->function != NULL ? r->function : Py_None);
+    PyObject *function = reader_get_function(self, NULL);
+    PyObject *repr = PyUnicode_FromFormat("<fxguard.Reader %s slot=%zd function=%R>",
+                                          r->kind == FXG_READ_VALUE ? "value" : "symbolic",
+                                          r->slot, function);
+    Py_DECREF(function);
+    return repr;
 }
 
 static PyMethodDef reader_methods[] = {
@@ -360,14 +385,14 @@ fxg_reader_module_exec(PyObject *module)
         PyModule_AddIntConstant(module, "VECTORCALL_READERS", FXG_VECTORCALL_READERS) < 0) {
         return -1;
     }
-    if (python_vectorcall != NULL) {
+    if (FXG_LOAD_PTR_ACQUIRE(&python_vectorcall) != NULL) {
         return 0;
     }
     PyObject *code = Py_CompileString("def f(): pass", "<fxguard>", Py_file_input);
     PyObject *globals = code ? PyDict_New() : NULL;
     PyObject *fn = globals ? PyFunction_New(code, globals) : NULL;
-    if (fn != NULL) {
-        python_vectorcall = ((PyFunctionObject *)fn)->vectorcall;
+    if (fn != NULL) { /* every interpreter stores the same address */
+        FXG_STORE_PTR_RELEASE(&python_vectorcall, ((PyFunctionObject *)fn)->vectorcall);
     }
     Py_XDECREF(fn);
     Py_XDECREF(globals);

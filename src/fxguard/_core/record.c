@@ -27,11 +27,11 @@ record_dealloc(PyObject *self)
     PyTypeObject *tp = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
     /* A record that dies set (its thread ended mid-trace) must not keep the
-     * "someone is tracing" count up forever. */
+     * "someone is tracing" count up forever.  (No other thread has it now.) */
     if (((fxg_record *)self)->flag) {
         fxg_state *st = fxg_state_of_type(tp);
         if (st != NULL && ((fxg_record *)self)->forks == st->records.forks) {
-            st->records.tracing--;
+            FXG_ADD_SSIZE(&st->records.tracing, -1);
         }
     }
     record_clear(self);
@@ -43,9 +43,15 @@ static PyObject *
 record_repr(PyObject *self)
 {
     fxg_record *r = (fxg_record *)self;
-    return PyUnicode_FromFormat("<fxguard thread record tracing=%s worker=%d values=%R>",
-                                r->flag ? "True" : "False", r->worker,
-                                r->values ? r->values : Py_None);
+    PyObject *values = fxg_record_values(r);
+    if (values == NULL) {
+        return NULL;
+    }
+    PyObject *repr = PyUnicode_FromFormat("<fxguard thread record tracing=%s worker=%d values=%R>",
+                                          FXG_LOAD_INT(&r->flag) ? "True" : "False", r->worker,
+                                          values);
+    Py_DECREF(values);
+    return repr;
 }
 
 static PyType_Slot record_slots[] = {
@@ -67,26 +73,27 @@ PyType_Spec fxg_record_spec = {
 
 /* -- slot values --------------------------------------------------------------- */
 
-/* A list of fresh initial values for the slots of the current _configure(). */
+/* A list of fresh initial values for the slots of the current _configure(),
+ * whose epoch goes to *epoch. */
 static PyObject *
-initial_values(fxg_state *st)
+initial_values(fxg_state *st, uint64_t *epoch)
 {
-    PyObject *defaults = st->config.defaults, *factories = st->config.factories;
+    PyObject *defaults, *factories;
+    fxg_config_layout(st, epoch, &defaults, &factories);
     Py_ssize_t n = defaults ? PyTuple_GET_SIZE(defaults) : 0;
     PyObject *values = PyList_New(n);
-    if (values == NULL) {
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
+    for (Py_ssize_t i = 0; values != NULL && i < n; i++) {
         PyObject *factory = PyTuple_GET_ITEM(factories, i);
         PyObject *v = factory == Py_None ? Py_NewRef(PyTuple_GET_ITEM(defaults, i))
                                          : PyObject_CallNoArgs(factory);
         if (v == NULL) {
-            Py_DECREF(values);
-            return NULL;
+            Py_CLEAR(values);
+            break;
         }
         PyList_SET_ITEM(values, i, v);
     }
+    Py_XDECREF(defaults);
+    Py_XDECREF(factories);
     return values;
 }
 
@@ -97,25 +104,73 @@ refresh_layout(fxg_state *st, fxg_record *rec)
     if (fxg_layout_is_current(st, rec)) {
         return 0;
     }
-    PyObject *values = initial_values(st);
+    uint64_t epoch;
+    PyObject *values = initial_values(st, &epoch);
     if (values == NULL) {
         return -1;
     }
-    Py_XSETREF(rec->values, values);
-    rec->epoch = st->config.epoch;
+    FXG_BEGIN_CRITICAL_SECTION(rec);
+    if (rec->epoch < epoch) { /* another thread acting for rec may have been first */
+        PyObject *old = rec->values;
+        rec->values = values;
+        values = old;
+        FXG_STORE_UINT64(&rec->epoch, epoch);
+    }
+    FXG_END_CRITICAL_SECTION();
+    Py_XDECREF(values); /* outside the section: finalizers may run any code */
     return 0;
+}
+
+int
+fxg_record_set_value(fxg_record *rec, Py_ssize_t index, PyObject *value)
+{
+    PyObject *old = NULL;
+    int r = 0;
+    FXG_BEGIN_CRITICAL_SECTION(rec);
+    if (index < PyList_GET_SIZE(rec->values)) {
+        old = PyList_GET_ITEM(rec->values, index);
+        PyList_SET_ITEM(rec->values, index, Py_NewRef(value));
+    }
+    else {
+        r = -1;
+    }
+    FXG_END_CRITICAL_SECTION();
+    Py_XDECREF(old);
+    if (r < 0) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "fxguard: a SlotView from an earlier install() was used");
+    }
+    return r;
+}
+
+PyObject *
+fxg_record_values(fxg_record *rec)
+{
+    PyObject *copy;
+    FXG_BEGIN_CRITICAL_SECTION(rec);
+    copy = rec->values != NULL ? PyList_GetSlice(rec->values, 0, PyList_GET_SIZE(rec->values))
+                               : PyList_New(0);
+    FXG_END_CRITICAL_SECTION();
+    return copy;
 }
 
 /* A Python thread's record notes the thread's current Context, where torch
  * (2.12+) keeps config overrides: a worker running this thread's backward
- * reads them there.  A pointer compare unless the thread switched contexts. */
+ * reads them there.  A pointer compare unless the thread switched contexts
+ * (only this thread writes rec->context: it reads it without the section). */
 static void
 note_context(fxg_state *st, fxg_record *rec)
 {
     PyObject *context = fxg_context_to_note(st, PyThreadState_Get());
-    if (context != rec->context) {
-        Py_XSETREF(rec->context, Py_XNewRef(context));
+    if (context == rec->context) {
+        return;
     }
+    PyObject *old;
+    FXG_BEGIN_CRITICAL_SECTION(rec);
+    old = rec->context;
+    rec->context = Py_XNewRef(context);
+    FXG_END_CRITICAL_SECTION();
+    Py_XDECREF(old);
 }
 
 /* -- finding the calling thread's record ------------------------------------ */
@@ -123,17 +178,31 @@ note_context(fxg_state *st, fxg_record *rec)
 fxg_record *
 fxg_own_record_uncached(fxg_state *st)
 {
-    uint64_t id = PyThreadState_Get()->id; /* the field: one call less per read */
     PyObject *tsdict = PyThreadState_GetDict();
     if (tsdict == NULL) {
         return NULL;
     }
+    /* Borrowed: only this thread changes its thread-state dict. */
     PyObject *rec = PyDict_GetItemWithError(tsdict, st->str.record_key);
+#if FXG_RECORD_CACHE
     if (rec != NULL) {
         Py_XSETREF(st->records.cached, Py_NewRef(rec));
-        st->records.cached_id = id;
+        st->records.cached_id = PyThreadState_Get()->id; /* the field: one call less per read */
     }
+#endif
     return (fxg_record *)rec;
+}
+
+int
+fxg_record_is_cached(fxg_state *st, PyObject *obj)
+{
+#if FXG_RECORD_CACHE
+    return obj == st->records.cached;
+#else
+    (void)st;
+    (void)obj;
+    return 0;
+#endif
 }
 
 /* Whether Python started this thread (threading.Thread or the main thread)
@@ -151,13 +220,15 @@ started_by_python(fxg_state *st)
     PyObject *ident = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
     int result = -1;
     if (active != NULL && dummy != NULL && ident != NULL) {
-        PyObject *thread = PyDict_Check(active) ? PyDict_GetItemWithError(active, ident) : NULL;
-        if (thread != NULL) {
+        PyObject *thread = NULL; /* a strong reference: other threads change _active */
+        int found = PyDict_Check(active) ? fxg_dict_get_ref(active, ident, &thread) : 0;
+        if (found > 0) {
             int is_dummy = PyObject_IsInstance(thread, dummy);
             result = is_dummy < 0 ? -1 : !is_dummy;
+            Py_DECREF(thread);
         }
         else {
-            result = PyErr_Occurred() ? -1 : 0;
+            result = found;
         }
     }
     Py_XDECREF(active);
@@ -184,9 +255,8 @@ fxg_make_own_record(fxg_state *st)
     }
     rec->flag = rec->kept = rec->published = 0;
     rec->worker = !python_thread;
-    rec->epoch = st->config.epoch;
     rec->forks = st->records.forks;
-    rec->values = initial_values(st);
+    rec->values = initial_values(st, &rec->epoch);
     rec->context = NULL;
     PyObject_GC_Track((PyObject *)rec);
     if (rec->values == NULL ||
@@ -252,7 +322,9 @@ int
 fxg_records_after_fork(fxg_state *st)
 {
     st->records.forks++;
+#if FXG_RECORD_CACHE
     Py_CLEAR(st->records.cached);
+#endif
     st->records.tracing = 0;
     fxg_record *own = fxg_own_record(st);
     if (own == NULL) {

@@ -1,13 +1,14 @@
-/* RLock: a re-entrant lock whose bookkeeping lives under the GIL.
+/* RLock: a re-entrant lock whose books take no OS lock.
  *
- * Like CPython's _thread.RLock it tracks an owner thread and a count, but the
- * uncontended path takes no OS lock at all: owner, count and the number of
- * waiters are only touched while holding the GIL, which already serialises
- * every Python thread.  Only a thread that must wait touches the OS
- * semaphore, and it releases the GIL while it sleeps on it.  (The module
- * declares Py_MOD_GIL_USED: on a free-threaded 3.13t build importing it turns
- * the GIL back on, unless PYTHON_GIL=0 forces it off, which this lock does
- * not support.)
+ * Like CPython's _thread.RLock it tracks an owner thread and a count.  The
+ * owner, the count, the number of waiters, the semaphore and the statistics
+ * are the lock's books.  With the GIL they are touched only while holding
+ * it, which already serialises every Python thread: the uncontended path
+ * takes no lock at all.  Without the GIL (3.13t) they are guarded by `books`,
+ * a PyMutex held for a few loads and stores, never while waiting and never
+ * around Python code: the uncontended path costs its two atomic operations.
+ * Only a thread that must wait touches the OS semaphore, and it detaches
+ * from the interpreter (releases the GIL) while it sleeps on it.
  *
  * It stands in for threading.RLock, threading.Condition's protocol included.
  * Where it differs: a blocked acquire() wakes for KeyboardInterrupt (see
@@ -21,7 +22,7 @@
  * guards may be half-updated; detecting the exit would cost the fast path.
  * As in CPython, a later thread that the OS gives the dead thread's ident is
  * taken for the owner.  Only a fork clears such a hold (in the child). */
-#include "compat.h"
+#include "fxguard.h"
 #include <math.h>
 #include <stddef.h> /* offsetof */
 #include <time.h>
@@ -31,9 +32,10 @@ typedef struct RLockObject RLockObject;
 /* Every live RLock of one module object is on its registry's list (fork.c),
  * so that a forked child can reset them all (fxg_rlocks_after_fork).  Each
  * lock holds the registry's capsule: the list head outlives every lock on it.
- * The list is touched only under the GIL. */
+ * The list (and each lock's prev/next) is guarded by the registry's mutex. */
 struct RLockObject {
     PyObject_HEAD
+    fxg_mutex books;           /* without the GIL: guards the books, up to `reg` */
     unsigned long owner;       /* thread ident, 0 when free */
     unsigned long count;       /* re-entrancy depth of the owner */
     Py_ssize_t waiters;        /* threads in wait_and_take() */
@@ -52,6 +54,9 @@ struct RLockObject {
     PyObject *bound_enter; /* __enter__ and __exit__ bound to this lock, made on */
     PyObject *bound_exit;  /* first use (cached_method.c: a with-cycle allocates nothing) */
 };
+
+#define LOCK_BOOKS(o) fxg_mutex_lock(&(o)->books)
+#define UNLOCK_BOOKS(o) fxg_mutex_unlock(&(o)->books)
 
 static long long
 now_ns(void)
@@ -108,11 +113,13 @@ rlock_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     }
     self->registry_capsule = Py_NewRef(st->registry);
     self->reg = reg;
+    fxg_mutex_lock(&reg->mutex);
     self->next = reg->locks;
     if (reg->locks != NULL) {
         reg->locks->prev = self;
     }
     reg->locks = self;
+    fxg_mutex_unlock(&reg->mutex);
     return (PyObject *)self;
 }
 
@@ -144,6 +151,7 @@ rlock_dealloc(PyObject *self)
     PyObject_GC_UnTrack(self);
     PyObject_ClearWeakRefs(self);
     if (o->reg != NULL) {
+        fxg_mutex_lock(&o->reg->mutex);
         if (o->prev != NULL) {
             o->prev->next = o->next;
         }
@@ -153,6 +161,7 @@ rlock_dealloc(PyObject *self)
         if (o->next != NULL) {
             o->next->prev = o->prev;
         }
+        fxg_mutex_unlock(&o->reg->mutex);
     }
     rlock_clear(self);
     Py_XDECREF(o->registry_capsule); /* after unlinking: it may free the registry */
@@ -163,9 +172,10 @@ rlock_dealloc(PyObject *self)
     Py_DECREF(tp);
 }
 
-/* Post the wakeup, unless a post is already waiting to be taken.  With the
- * flag the semaphore never counts above one, on every platform (a POSIX
- * semaphore would otherwise pile up posts, each a spurious wakeup later). */
+/* Books held.  Post the wakeup, unless a post is already waiting to be
+ * taken.  With the flag the semaphore never counts above one, on every
+ * platform (a POSIX semaphore would otherwise pile up posts, each a spurious
+ * wakeup later). */
 static void
 wake_one(RLockObject *o)
 {
@@ -173,6 +183,15 @@ wake_one(RLockObject *o)
         o->posted = 1;
         PyThread_release_lock(o->wakeup);
     }
+}
+
+/* Books held: the lock becomes `owner`'s, at depth `count`. */
+static void
+take(RLockObject *o, unsigned long owner, unsigned long count)
+{
+    o->owner = owner;
+    o->count = count;
+    o->acquisitions++;
 }
 
 /* Interrupts while waiting.
@@ -185,24 +204,26 @@ wake_one(RLockObject *o)
  * thread than the waiting main thread (Python's C handler only sets a flag).
  *
  * fxguard's RLock waits in slices instead: 5 ms, doubling to 50 ms.  Between
- * slices, with the GIL, deliver_pending() runs signal handlers and pending
- * calls, and raises an asynchronous exception aimed at this thread.  So
- * KeyboardInterrupt (from a signal or from SetAsyncExc) reaches a blocked
- * acquire() within about 50 ms, and a lost wakeup could never stall a waiter
- * longer than a slice.  The price: a waiting thread takes the GIL about 20
- * times a second (a release still wakes it at once, through the semaphore).
- * _acquire_restore() waits in one piece, without delivering anything. */
+ * slices, attached again (with the GIL where there is one), deliver_pending()
+ * runs signal handlers and pending calls, and raises an asynchronous
+ * exception aimed at this thread.  So KeyboardInterrupt (from a signal or
+ * from SetAsyncExc) reaches a blocked acquire() within about 50 ms, and a
+ * lost wakeup could never stall a waiter longer than a slice.  The price: a
+ * waiting thread wakes about 20 times a second (a release still wakes it at
+ * once, through the semaphore).  _acquire_restore() waits in one piece,
+ * without delivering anything. */
 #define SLICE_FIRST_US 5000
 #define SLICE_MAX_US 50000
 
-/* Between two slices of a wait (GIL held): 0, or -1 with the exception a
- * signal handler, a pending call or PyThreadState_SetAsyncExc raised.
+/* Between two slices of a wait (attached, books not held: handlers may use
+ * the lock, or fork): 0, or -1 with the exception a signal handler, a
+ * pending call or PyThreadState_SetAsyncExc raised.
  *
  * An asynchronous exception sits in the thread state until the eval loop
  * raises it, and clearing the flags that tell the eval loop to look is not
  * possible from outside CPython (on 3.10/3.11 a stale flag would keep every
  * thread on the loop's slow path).  So when one is pending (the public
- * PyThreadState field async_exc, read under the GIL) the thread runs a
+ * PyThreadState field async_exc, of this thread) the thread runs a
  * one-instruction code object: the eval loop checks its breaker on entry
  * (RESUME from 3.11, the first instruction on 3.10), raises the exception and
  * clears the flags itself.  Only then, so a tracer or profiler never sees the
@@ -228,65 +249,32 @@ deliver_pending(RLockObject *o)
     return 0;
 }
 
-/* Wait until the lock is free, then take it for `me`.  Returns 1 taken, 0
- * timed out, -1 with an exception set (see deliver_pending).  timeout_ns -1
- * waits without a deadline.  interruptible 0 (for _acquire_restore, as
- * CPython's) waits in one piece through signals, leaving them to the eval
- * loop.
- *
- * Whoever wakes re-checks the owner under the GIL: a thread that never waited
- * may have taken the lock first (no hand-off, as in CPython), and then the
- * waiter sleeps again until that thread's release posts the wakeup. */
-static int
-wait_and_take(RLockObject *o, unsigned long me, long long timeout_ns, int interruptible)
+/* The next wait: `slice_us` (-1: no limit), cut to the deadline (-1: none);
+ * 0 once the deadline has passed. */
+static PY_TIMEOUT_T
+next_wait_us(PY_TIMEOUT_T slice_us, long long deadline)
 {
-    long long start = now_ns();
-    long long deadline = deadline_after(start, timeout_ns);
-    PY_TIMEOUT_T slice_us = SLICE_FIRST_US;
-    int result;
-    o->waiters++;
-    for (;;) {
-        if (o->owner == 0) {
-            result = 1;
-            break;
-        }
-        PY_TIMEOUT_T wait_us = interruptible ? slice_us : -1;
-        if (deadline >= 0) {
-            long long left = deadline - now_ns();
-            if (left <= 0) {
-                result = 0;
-                break;
-            }
-            left = (left + 999) / 1000;
-            if (wait_us < 0 || left < (long long)wait_us) {
-                wait_us = (PY_TIMEOUT_T)left;
-            }
-        }
-        PyThread_type_lock wakeup = o->wakeup; /* read under the GIL */
-        PyLockStatus r;
-        Py_BEGIN_ALLOW_THREADS
-        r = PyThread_acquire_lock_timed(wakeup, wait_us, interruptible);
-        Py_END_ALLOW_THREADS
-        if (r == PY_LOCK_ACQUIRED) {
-            o->posted = 0; /* this thread took the post */
-        }
-        else if (interruptible) {
-            if (deliver_pending(o) < 0) {
-                result = -1;
-                break;
-            }
-            if (slice_us < SLICE_MAX_US) {
-                slice_us = slice_us * 2 < SLICE_MAX_US ? slice_us * 2 : SLICE_MAX_US;
-            }
-        }
+    if (deadline < 0) {
+        return slice_us;
     }
+    long long left = deadline - now_ns();
+    if (left <= 0) {
+        return 0;
+    }
+    left = (left + 999) / 1000;
+    return slice_us < 0 || left < (long long)slice_us ? (PY_TIMEOUT_T)left : slice_us;
+}
+
+/* Books held, leaving wait_and_take(): count this waiter out, and with
+ * result 1 take the lock. */
+static void
+leave_wait(RLockObject *o, int result, unsigned long owner, unsigned long count, long long start)
+{
     if (o->waiters > 0) { /* 0 if a signal handler forked: the child's reset counted us out */
         o->waiters--;
     }
     if (result == 1) {
-        o->owner = me;
-        o->count = 1;
-        o->acquisitions++;
+        take(o, owner, count);
         long long waited = now_ns() - start;
         o->contended++;
         o->wait_ns_total += waited;
@@ -297,33 +285,87 @@ wait_and_take(RLockObject *o, unsigned long me, long long timeout_ns, int interr
     else if (o->owner == 0 && o->waiters > 0) {
         wake_one(o); /* leaving without the lock: pass on a post this thread took */
     }
+}
+
+/* Books not held.  Wait until the lock is free, then take it for `owner`
+ * at depth `count`.  Returns 1 taken, 0 timed out, -1 with an exception set
+ * (see deliver_pending).  timeout_ns -1 waits without a deadline.
+ * interruptible 0 (for _acquire_restore, as CPython's) waits in one piece
+ * through signals, leaving them to the eval loop.
+ *
+ * Whoever wakes re-checks the owner in the books: a thread that never
+ * waited may have taken the lock first (no hand-off, as in CPython), and
+ * then the waiter sleeps again until that thread's release posts the
+ * wakeup. */
+static int
+wait_and_take(RLockObject *o, unsigned long owner, unsigned long count, long long timeout_ns,
+              int interruptible)
+{
+    long long start = now_ns();
+    long long deadline = deadline_after(start, timeout_ns);
+    PY_TIMEOUT_T slice_us = interruptible ? SLICE_FIRST_US : -1;
+    int result;
+    LOCK_BOOKS(o);
+    o->waiters++;
+    for (;;) {
+        PY_TIMEOUT_T wait_us = next_wait_us(slice_us, deadline);
+        if (o->owner == 0 || wait_us == 0) {
+            result = o->owner == 0;
+            break;
+        }
+        PyThread_type_lock wakeup = o->wakeup;
+        UNLOCK_BOOKS(o);
+        PyLockStatus r;
+        Py_BEGIN_ALLOW_THREADS
+        r = PyThread_acquire_lock_timed(wakeup, wait_us, interruptible);
+        Py_END_ALLOW_THREADS
+        if (r != PY_LOCK_ACQUIRED && interruptible) {
+            if (deliver_pending(o) < 0) {
+                LOCK_BOOKS(o);
+                result = -1;
+                break;
+            }
+            slice_us = slice_us * 2 < SLICE_MAX_US ? slice_us * 2 : SLICE_MAX_US;
+        }
+        LOCK_BOOKS(o);
+        if (r == PY_LOCK_ACQUIRED) {
+            o->posted = 0; /* this thread took the post */
+        }
+    }
+    leave_wait(o, result, owner, count, start);
+    UNLOCK_BOOKS(o);
     return result;
 }
+
+/* rlock_acquire_impl's first look at the books. */
+enum { TAKEN = 1, BUSY = 0, OVERFLOW = -1, MUST_WAIT = 2 };
 
 /* 1 acquired, 0 not, -1 error. */
 static int
 rlock_acquire_impl(RLockObject *o, int blocking, long long timeout_ns)
 {
     unsigned long me = PyThread_get_thread_ident();
+    int r;
+    LOCK_BOOKS(o);
     if (o->owner == me) {
-        if (o->count == ULONG_MAX) {
-            PyErr_SetString(PyExc_OverflowError, "internal lock count overflowed");
-            return -1;
+        r = o->count == ULONG_MAX ? OVERFLOW : TAKEN;
+        if (r == TAKEN) {
+            o->count++;
+            o->acquisitions++;
         }
-        o->count++;
-        o->acquisitions++;
-        return 1;
     }
-    if (o->owner == 0) {
-        o->owner = me;
-        o->count = 1;
-        o->acquisitions++;
-        return 1;
+    else if (o->owner == 0) {
+        take(o, me, 1);
+        r = TAKEN;
     }
-    if (!blocking) {
-        return 0;
+    else {
+        r = blocking ? MUST_WAIT : BUSY;
     }
-    return wait_and_take(o, me, timeout_ns, 1);
+    UNLOCK_BOOKS(o);
+    if (r == OVERFLOW) {
+        PyErr_SetString(PyExc_OverflowError, "internal lock count overflowed");
+    }
+    return r == MUST_WAIT ? wait_and_take(o, me, 1, timeout_ns, 1) : r;
 }
 
 /* acquire()'s timeout, checked as _thread's locks check it (CPython's
@@ -418,18 +460,36 @@ rlock_acquire(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject 
     return PyBool_FromLong(r);
 }
 
+/* Books held: whether the calling thread holds the lock. */
+static int
+owned_by_caller(RLockObject *o)
+{
+    return o->count > 0 && o->owner == PyThread_get_thread_ident();
+}
+
+/* Books held: the lock is free; a waiter, if any, is woken. */
+static void
+set_free(RLockObject *o)
+{
+    o->count = 0;
+    o->owner = 0;
+    if (o->waiters > 0) {
+        wake_one(o);
+    }
+}
+
 static int
 rlock_release_impl(RLockObject *o)
 {
-    if (o->count == 0 || o->owner != PyThread_get_thread_ident()) {
+    LOCK_BOOKS(o);
+    int owned = owned_by_caller(o);
+    if (owned && --o->count == 0) {
+        set_free(o);
+    }
+    UNLOCK_BOOKS(o);
+    if (!owned) {
         PyErr_SetString(PyExc_RuntimeError, "cannot release un-acquired lock");
         return -1;
-    }
-    if (--o->count == 0) {
-        o->owner = 0;
-        if (o->waiters > 0) {
-            wake_one(o);
-        }
     }
     return 0;
 }
@@ -466,7 +526,10 @@ static PyObject *
 rlock_is_owned(PyObject *self, PyObject *Py_UNUSED(ignored))
 {
     RLockObject *o = (RLockObject *)self;
-    return PyBool_FromLong(o->count > 0 && o->owner == PyThread_get_thread_ident());
+    LOCK_BOOKS(o);
+    int owned = owned_by_caller(o);
+    UNLOCK_BOOKS(o);
+    return PyBool_FromLong(owned);
 }
 
 /* threading.Condition's protocol (as _thread.RLock's): _release_save() lets
@@ -479,19 +542,23 @@ static PyObject *
 rlock_release_save(PyObject *self, PyObject *Py_UNUSED(ignored))
 {
     RLockObject *o = (RLockObject *)self;
-    if (o->count == 0 || o->owner != PyThread_get_thread_ident()) {
+    LOCK_BOOKS(o);
+    int owned = owned_by_caller(o);
+    unsigned long count = o->count, owner = o->owner;
+    UNLOCK_BOOKS(o);
+    if (!owned) {
         PyErr_SetString(PyExc_RuntimeError, "cannot release un-acquired lock");
         return NULL;
     }
-    PyObject *state = Py_BuildValue("(kk)", o->count, o->owner);
+    /* Made first, so that a failure leaves the lock held; only the owner,
+     * this thread, can change owner and count meanwhile. */
+    PyObject *state = Py_BuildValue("(kk)", count, owner);
     if (state == NULL) {
         return NULL;
     }
-    o->count = 0;
-    o->owner = 0;
-    if (o->waiters > 0) {
-        wake_one(o);
-    }
+    LOCK_BOOKS(o);
+    set_free(o);
+    UNLOCK_BOOKS(o);
     return state;
 }
 
@@ -519,18 +586,19 @@ rlock_acquire_restore(PyObject *self, PyObject *state)
         return NULL;
     }
     unsigned long me = PyThread_get_thread_ident();
-    if (o->owner == me) {
+    LOCK_BOOKS(o);
+    int mine = o->owner == me, free = o->owner == 0;
+    if (free) {
+        take(o, owner, count);
+    }
+    UNLOCK_BOOKS(o);
+    if (mine) {
         PyErr_SetString(PyExc_RuntimeError, "_acquire_restore(): the lock is already held");
         return NULL;
     }
-    if (o->owner == 0) {
-        o->acquisitions++;
-    }
-    else if (wait_and_take(o, me, -1, 0) != 1) {
+    if (!free && wait_and_take(o, owner, count, -1, 0) != 1) {
         return NULL; /* cannot happen: no deadline, not interruptible */
     }
-    o->owner = owner;
-    o->count = count;
     Py_RETURN_NONE;
 }
 
@@ -538,56 +606,76 @@ static PyObject *
 rlock_recursion_count(PyObject *self, PyObject *Py_UNUSED(ignored))
 {
     RLockObject *o = (RLockObject *)self;
-    return PyLong_FromUnsignedLong(o->owner == PyThread_get_thread_ident() ? o->count : 0);
+    LOCK_BOOKS(o);
+    unsigned long count = o->owner == PyThread_get_thread_ident() ? o->count : 0;
+    UNLOCK_BOOKS(o);
+    return PyLong_FromUnsignedLong(count);
 }
 
 static PyObject *
 rlock_locked(PyObject *self, PyObject *Py_UNUSED(ignored))
 {
-    return PyBool_FromLong(((RLockObject *)self)->owner != 0);
+    RLockObject *o = (RLockObject *)self;
+    LOCK_BOOKS(o);
+    int locked = o->owner != 0;
+    UNLOCK_BOOKS(o);
+    return PyBool_FromLong(locked);
 }
 
 static PyObject *
 rlock_stats(PyObject *self, PyObject *Py_UNUSED(ignored))
 {
     RLockObject *o = (RLockObject *)self;
-    PyObject *owner = o->owner ? PyLong_FromUnsignedLong(o->owner) : Py_NewRef(Py_None);
+    LOCK_BOOKS(o); /* the books, read at one moment */
+    unsigned long long acquisitions = o->acquisitions, contended = o->contended;
+    long long wait_ns_total = o->wait_ns_total, wait_ns_max = o->wait_ns_max;
+    unsigned long owner_ident = o->owner, depth = o->count;
+    Py_ssize_t waiters = o->waiters;
+    UNLOCK_BOOKS(o);
+    PyObject *owner = owner_ident ? PyLong_FromUnsignedLong(owner_ident) : Py_NewRef(Py_None);
     if (owner == NULL) {
         return NULL;
     }
     return Py_BuildValue("{s:K,s:K,s:L,s:L,s:N,s:k,s:n}",
-                         "acquisitions", o->acquisitions,
-                         "contended", o->contended,
-                         "wait_ns_total", o->wait_ns_total,
-                         "wait_ns_max", o->wait_ns_max,
+                         "acquisitions", acquisitions,
+                         "contended", contended,
+                         "wait_ns_total", wait_ns_total,
+                         "wait_ns_max", wait_ns_max,
                          "owner", owner,
-                         "depth", o->count,
-                         "waiters", o->waiters);
+                         "depth", depth,
+                         "waiters", waiters);
 }
 
 static PyObject *
 rlock_reset_stats(PyObject *self, PyObject *Py_UNUSED(ignored))
 {
     RLockObject *o = (RLockObject *)self;
+    LOCK_BOOKS(o);
     o->acquisitions = o->contended = 0;
     o->wait_ns_total = o->wait_ns_max = 0;
+    UNLOCK_BOOKS(o);
     Py_RETURN_NONE;
 }
 
 /* Fork.  A child has one thread, the one that forked.  Other threads' holds
  * on a lock would never be released there, and a thread that was waiting may
  * have been inside the semaphore: the module's after-fork hook (fork.c)
- * resets every live lock of that module.  A lock the forking thread holds stays held, at its depth (so
- * `with lock: os.fork()` releases cleanly in the child); any other is free.
- * The semaphore is replaced where a thread was waiting, and the old one
- * leaked on purpose, as CPython's _PyThread_at_fork_reinit does: it may be in
- * any state.  Where nobody waited it is idle (every other use of it is under
- * the GIL, which the forking thread holds) and is kept. */
+ * resets every live lock of that module.  A lock the forking thread holds
+ * stays held, at its depth (so `with lock: os.fork()` releases cleanly in the
+ * child); any other is free.  The semaphore is replaced where a thread was
+ * waiting, and the old one leaked on purpose, as CPython's
+ * _PyThread_at_fork_reinit does: it may be in any state.  Where nobody waited
+ * it is idle (every other use of it is in the books, which no thread holds
+ * across a fork) and is kept.  Without the GIL the books' mutex and the
+ * registry's are made anew first: a thread that is gone may have held one.
+ *
+ * Books held (or a fork child): reset o, keeping the hold of `keeper` (0:
+ * nobody's).  0 if o kept its old semaphore for want of memory. */
 static int
-reset_in_child(RLockObject *o, unsigned long me, int keep_own)
+reset(RLockObject *o, unsigned long keeper)
 {
     int ok = 1;
-    if (o->waiters > 0 || !keep_own) {
+    if (o->waiters > 0 || keeper == 0) {
         PyThread_type_lock fresh = new_wakeup();
         if (fresh != NULL) {
             o->wakeup = fresh;
@@ -598,7 +686,7 @@ reset_in_child(RLockObject *o, unsigned long me, int keep_own)
         }
     }
     o->waiters = 0;
-    if (!keep_own || o->owner != me) {
+    if (keeper == 0 || o->owner != keeper) {
         o->owner = 0;
         o->count = 0;
     }
@@ -610,8 +698,10 @@ fxg_rlocks_after_fork(fxg_registry *reg)
 {
     unsigned long me = PyThread_get_thread_ident();
     Py_ssize_t stale = 0;
+    fxg_mutex_reinit(&reg->mutex);
     for (RLockObject *o = reg->locks; o != NULL; o = o->next) {
-        stale += !reset_in_child(o, me, 1);
+        fxg_mutex_reinit(&o->books);
+        stale += !reset(o, me);
     }
     return stale;
 }
@@ -622,7 +712,11 @@ fxg_rlocks_after_fork(fxg_registry *reg)
 static PyObject *
 rlock_at_fork_reinit(PyObject *self, PyObject *Py_UNUSED(ignored))
 {
-    if (!reset_in_child((RLockObject *)self, 0, 0)) {
+    RLockObject *o = (RLockObject *)self;
+    LOCK_BOOKS(o);
+    int ok = reset(o, 0);
+    UNLOCK_BOOKS(o);
+    if (!ok) {
         return PyErr_NoMemory();
     }
     Py_RETURN_NONE;
@@ -632,8 +726,11 @@ static PyObject *
 rlock_repr(PyObject *self)
 {
     RLockObject *o = (RLockObject *)self;
+    LOCK_BOOKS(o);
+    unsigned long owner = o->owner, count = o->count;
+    UNLOCK_BOOKS(o);
     return PyUnicode_FromFormat("<fxguard.RLock %s owner=%lu count=%lu at %p>",
-                                o->owner ? "locked" : "unlocked", o->owner, o->count, self);
+                                owner ? "locked" : "unlocked", owner, count, self);
 }
 
 /* Docstrings start with text signatures, so inspect.signature() works. */

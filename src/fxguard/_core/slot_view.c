@@ -4,7 +4,9 @@
  * it says `__fxguard_tls__.x` instead; `__fxguard_tls__` is a SlotView whose
  * `names` maps "x" to a slot of the thread record.  Reading the attribute
  * gives the calling thread's value, assigning it sets only that thread's.
- * Names not in the map behave as on a plain object (and cannot be set). */
+ * Names not in the map behave as on a plain object (and cannot be set).
+ * Without the GIL: `names` is a private copy, never changed after __new__,
+ * so reads need no lock; the values live in the records (fxguard.h). */
 #include "fxguard.h"
 
 typedef struct {
@@ -82,39 +84,33 @@ slot_of(SlotViewObject *v, PyObject *name, Py_ssize_t *index)
     return 1;
 }
 
-static int
-check_index(fxg_record *rec, Py_ssize_t index)
-{
-    if (index >= PyList_GET_SIZE(rec->values)) {
-        PyErr_SetString(PyExc_RuntimeError,
-                        "fxguard: a SlotView from an earlier install() was used");
-        return -1;
-    }
-    return 0;
-}
-
 PyObject *
 fxg_slot_value(fxg_state *st, Py_ssize_t index)
 {
-    fxg_record *own = fxg_record_cached(st);
+    fxg_record *own = fxg_record_ready(st);
     if (own != NULL) {
         if (index == FXG_FLAG_SLOT) {
-            return PyBool_FromLong(own->flag);
+            return PyBool_FromLong(FXG_LOAD_INT(&own->flag));
         }
-        if (index < PyList_GET_SIZE(own->values)) {
-            return Py_NewRef(PyList_GET_ITEM(own->values, index));
+        PyObject *value = fxg_record_value(own, index);
+        if (value != NULL) {
+            return value;
         }
+    }
+    else if (PyErr_Occurred()) {
+        return NULL;
     }
     fxg_record *rec = fxg_record_for(st);
     if (rec == NULL) {
         return NULL;
     }
-    PyObject *value = NULL;
+    PyObject *value;
     if (index == FXG_FLAG_SLOT) {
-        value = PyBool_FromLong(rec->flag);
+        value = PyBool_FromLong(FXG_LOAD_INT(&rec->flag));
     }
-    else if (check_index(rec, index) == 0) {
-        value = Py_NewRef(PyList_GET_ITEM(rec->values, index));
+    else if ((value = fxg_record_value(rec, index)) == NULL) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "fxguard: a SlotView from an earlier install() was used");
     }
     Py_DECREF(rec);
     return value;
@@ -161,8 +157,8 @@ slot_view_setattro(PyObject *self, PyObject *name, PyObject *value)
             fxg_record_set_flag(st, rec, truth);
         }
     }
-    else if ((r = check_index(rec, index)) == 0) {
-        r = PyList_SetItem(rec->values, index, Py_NewRef(value));
+    else {
+        r = fxg_record_set_value(rec, index, value);
     }
     Py_DECREF(rec);
     return r;

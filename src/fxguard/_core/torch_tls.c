@@ -20,17 +20,23 @@
  * graph tasks). */
 #define KEPT_SWEEP_MIN 64
 
-int
-fxg_sweep_kept(fxg_state *st)
+/* With tls.mutex held: the kept list without what only it holds; the old
+ * list goes to *old, for the caller to let go of after unlocking (freeing a
+ * record frees its slot values, whose finalizers may run any code, this
+ * module's included).  0, or -1 with an error (nothing changed).
+ * Refcounts read without the GIL: torch's reference and the list's are both
+ * held across the read, so an object torch still holds reads above 1. */
+static int
+sweep_locked(fxg_state *st, PyObject **old)
 {
-    PyObject *old = st->tls.kept;
+    PyObject *kept = st->tls.kept;
     PyObject *survivors = PyList_New(0);
     if (survivors == NULL) {
         return -1;
     }
-    /* The loop runs no Python code (appends only resize), so `old` stays the kept list. */
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(old); i++) {
-        PyObject *obj = PyList_GET_ITEM(old, i);
+    /* The loop runs no Python code (appends only resize). */
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(kept); i++) {
+        PyObject *obj = PyList_GET_ITEM(kept, i);
         if (Py_REFCNT(obj) > 1 && PyList_Append(survivors, obj) < 0) {
             Py_DECREF(survivors);
             return -1;
@@ -41,19 +47,33 @@ fxg_sweep_kept(fxg_state *st)
     if (st->tls.kept_sweep_at < KEPT_SWEEP_MIN) {
         st->tls.kept_sweep_at = KEPT_SWEEP_MIN;
     }
-    /* Last, with st consistent: freeing a record frees its slot values,
-     * whose finalizers may run any code, this module's included. */
-    Py_DECREF(old);
+    *old = kept;
     return 0;
+}
+
+int
+fxg_sweep_kept(fxg_state *st)
+{
+    PyObject *old = NULL;
+    fxg_mutex_lock(&st->tls.mutex);
+    int r = PyList_GET_SIZE(st->tls.kept) > 0 ? sweep_locked(st, &old) : 0;
+    fxg_mutex_unlock(&st->tls.mutex);
+    Py_XDECREF(old);
+    return r;
 }
 
 int
 fxg_keep(fxg_state *st, PyObject *obj)
 {
-    if (PyList_Append(st->tls.kept, obj) < 0) {
-        return -1;
+    PyObject *old = NULL;
+    fxg_mutex_lock(&st->tls.mutex);
+    int r = PyList_Append(st->tls.kept, obj);
+    if (r == 0 && PyList_GET_SIZE(st->tls.kept) >= st->tls.kept_sweep_at) {
+        r = sweep_locked(st, &old);
     }
-    return PyList_GET_SIZE(st->tls.kept) >= st->tls.kept_sweep_at ? fxg_sweep_kept(st) : 0;
+    fxg_mutex_unlock(&st->tls.mutex);
+    Py_XDECREF(old);
+    return r;
 }
 
 /* Records whose thread has ended in Python while torch's C++
@@ -66,13 +86,15 @@ Py_ssize_t
 fxg_exiting_records(fxg_state *st)
 {
     Py_ssize_t n = 0;
+    fxg_mutex_lock(&st->tls.mutex);
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(st->tls.kept); i++) {
         PyObject *obj = PyList_GET_ITEM(st->tls.kept, i);
-        if (Py_IS_TYPE(obj, st->types.record) && ((fxg_record *)obj)->published &&
-            Py_REFCNT(obj) - 1 - (obj == st->records.cached) == 1) {
+        if (Py_IS_TYPE(obj, st->types.record) && FXG_LOAD_INT(&((fxg_record *)obj)->published) &&
+            Py_REFCNT(obj) - 1 - fxg_record_is_cached(st, obj) == 1) {
             n++;
         }
     }
+    fxg_mutex_unlock(&st->tls.mutex);
     return n;
 }
 
@@ -115,14 +137,21 @@ fxg_publish(fxg_state *st, fxg_record *rec)
     if (!fxg_needs_publishing(st, rec)) {
         return 0;
     }
-    PyObject *r = PyObject_CallFunctionObjArgs(st->tls.stash, st->str.record_key,
-                                               (PyObject *)rec, NULL);
+    fxg_mutex_lock(&st->config.mutex);
+    PyObject *stash = Py_XNewRef(st->config.tls_stash);
+    int steals = st->config.stash_steals;
+    fxg_mutex_unlock(&st->config.mutex);
+    if (stash == NULL) {
+        return 0; /* uninstalled meanwhile */
+    }
+    PyObject *r = PyObject_CallFunctionObjArgs(stash, st->str.record_key, (PyObject *)rec, NULL);
+    Py_DECREF(stash);
     if (r == NULL) {
         return -1;
     }
     Py_DECREF(r);
-    rec->published = 1;
-    if (st->tls.stash_steals) {
+    FXG_STORE_INT(&rec->published, 1);
+    if (steals) {
         Py_INCREF(rec); /* torch 2.11: give it the reference it will drop */
     }
     /* Kept on every torch: on 2.11 so torch's drop is never the last (see
@@ -132,30 +161,43 @@ fxg_publish(fxg_state *st, fxg_record *rec)
         rec->kept = 1;
     }
     PyErr_Clear(); /* a failed keep only costs the safety margin */
-    st->tls.published++;
+    FXG_ADD_SSIZE(&st->tls.published, 1);
     return 0;
+}
+
+/* has(key) and then get(key): the record, a new reference, or NULL. */
+static fxg_record *
+carried_by(fxg_state *st, PyObject *has, PyObject *get)
+{
+    PyObject *r = PyObject_CallOneArg(has, st->str.record_key);
+    if (r == NULL) {
+        return NULL;
+    }
+    int present = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    if (present <= 0) {
+        return NULL;
+    }
+    PyObject *rec = PyObject_CallOneArg(get, st->str.record_key);
+    if (rec != NULL && !Py_IS_TYPE(rec, st->types.record)) {
+        Py_CLEAR(rec); /* someone else's object under our key: ignore it */
+    }
+    return (fxg_record *)rec;
 }
 
 fxg_record *
 fxg_carried_record(fxg_state *st)
 {
-    if (st->tls.has == NULL || st->tls.get == NULL || st->tls.published == 0) {
+    if (FXG_LOAD_SSIZE(&st->tls.published) == 0) {
         return NULL;
     }
-    PyObject *has = PyObject_CallOneArg(st->tls.has, st->str.record_key);
-    if (has == NULL) {
-        return NULL;
-    }
-    int present = PyObject_IsTrue(has);
-    Py_DECREF(has);
-    if (present <= 0) {
-        return NULL;
-    }
-    PyObject *rec = PyObject_CallOneArg(st->tls.get, st->str.record_key);
-    if (rec != NULL && !Py_IS_TYPE(rec, st->types.record)) {
-        Py_CLEAR(rec); /* someone else's object under our key: ignore it */
-    }
-    return (fxg_record *)rec;
+    fxg_mutex_lock(&st->config.mutex);
+    PyObject *has = Py_XNewRef(st->config.tls_has), *get = Py_XNewRef(st->config.tls_get);
+    fxg_mutex_unlock(&st->config.mutex);
+    fxg_record *rec = has != NULL && get != NULL ? carried_by(st, has, get) : NULL;
+    Py_XDECREF(has);
+    Py_XDECREF(get);
+    return rec;
 }
 
 PyObject *
@@ -172,8 +214,10 @@ fxg_carried_context(fxg_state *st)
     if (carried == NULL) {
         return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
     }
-    PyObject *context = carried->context != NULL ? carried->context : Py_None;
-    Py_INCREF(context);
+    PyObject *context;
+    FXG_BEGIN_CRITICAL_SECTION(carried); /* its own thread may note another meanwhile */
+    context = Py_NewRef(carried->context != NULL ? carried->context : Py_None);
+    FXG_END_CRITICAL_SECTION();
     Py_DECREF(carried);
     return context;
 }

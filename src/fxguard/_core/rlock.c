@@ -223,7 +223,7 @@ take(RLockObject *o, unsigned long owner, unsigned long count)
  * raises it, and clearing the flags that tell the eval loop to look is not
  * possible from outside CPython (on 3.10/3.11 a stale flag would keep every
  * thread on the loop's slow path).  So when one is pending (the public
- * PyThreadState field async_exc, of this thread) the thread runs a
+ * PyThreadState field async_exc) the thread runs a
  * one-instruction code object: the eval loop checks its breaker on entry
  * (RESUME from 3.11, the first instruction on 3.10), raises the exception and
  * clears the flags itself.  Only then, so a tracer or profiler never sees the
@@ -234,7 +234,8 @@ deliver_pending(RLockObject *o)
     if (PyErr_CheckSignals() < 0 || Py_MakePendingCalls() < 0) {
         return -1;
     }
-    if (PyThreadState_Get()->async_exc == NULL) {
+    /* Atomic: PyThreadState_SetAsyncExc() writes it from another thread. */
+    if (FXG_LOAD_PTR(&PyThreadState_Get()->async_exc) == NULL) {
         return 0;
     }
     PyObject *r = PyEval_EvalCode(o->reg->tick, o->reg->tick_globals, o->reg->tick_globals);

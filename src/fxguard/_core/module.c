@@ -289,16 +289,19 @@ static PyModuleDef_Slot core_slots[] = {
     {Py_mod_exec, core_exec},
 #ifdef Py_mod_multiple_interpreters
     /* 3.12+: every mutable thing lives in the module state or in objects made
-     * from it (no static PyObject *, types from specs), and each RLock keeps
-     * its books under its own interpreter's GIL; so each interpreter's import
-     * is independent, with or without a GIL of its own.  (torch itself does
-     * not support subinterpreters: this is about the core.) */
+     * from it (no static PyObject *, types from specs; the one static, the
+     * address of CPython's Python-function vectorcall, is the same for every
+     * interpreter), and each RLock keeps its books under its own interpreter's
+     * GIL or its own mutex; so each interpreter's import is independent, with
+     * or without a GIL of its own.  (torch itself does not support
+     * subinterpreters: this is about the core.) */
     {Py_mod_multiple_interpreters, Py_MOD_PER_INTERPRETER_GIL_SUPPORTED},
 #endif
 #ifdef Py_mod_gil
-    /* 3.13+: the GIL serialises the records and the RLock's owner and count
-     * (rlock.c); on a free-threaded build importing the core turns it on. */
-    {Py_mod_gil, Py_MOD_GIL_USED},
+    /* 3.13+: every shared structure has its own protection without the GIL
+     * (fxguard.h, compat.h): on a free-threaded build importing the core
+     * leaves the GIL off. */
+    {Py_mod_gil, Py_MOD_GIL_NOT_USED},
 #endif
     {0, NULL},
 };

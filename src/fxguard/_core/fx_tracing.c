@@ -26,8 +26,9 @@ fx_tracing_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O:fx_tracing", kwlist, &arg)) {
         return NULL;
     }
-    /* What threading's acquire(blocking=) takes: a bool or an int (anything
-     * with __index__); "yes" or [] must not read as True by truthiness. */
+    /* A bool or an int (anything with __index__), as threading's
+     * acquire(blocking=) takes up to Python 3.11 (3.12's bool parameters take
+     * any object by truthiness): fx_tracing("no") must not mean True. */
     int active = 1;
     if (arg != NULL) {
         PyObject *index = PyNumber_Index(arg);
@@ -216,7 +217,7 @@ static PyType_Slot fx_tracing_slots[] = {
      "fx_tracing(active=True)\n--\n\n"
      "Context manager: set the calling thread's FX-tracing flag inside the\n"
      "with-block and restore the previous value on exit (also on exceptions).\n"
-     "active: a bool or an int, as threading's acquire(blocking=) takes."},
+     "active: a bool or an int (anything else: TypeError)."},
     {0, NULL},
 };
 

@@ -31,9 +31,25 @@ def activate() -> None:
             os.environ["FXGUARD"])
         return
     if not getattr(sys, "_is_gil_enabled", lambda: True)():  # free-threaded, GIL off now
-        from fxguard import interpreter
-        interpreter.watch()  # which later import turns the GIL on (status(), doctor)
+        _watch_gil()
     after_import("torch", _install_from_env)
+
+
+gil_warnings: list = []  # CPython's "GIL has been enabled to load module ..." (fxguard.interpreter)
+
+
+def _watch_gil() -> None:
+    """Keep the warnings that name a module turning the GIL on, as they are shown
+    (fxguard is not imported before torch: fxguard.interpreter reads them)."""
+    import warnings
+    shown = warnings.showwarning
+
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        if "(GIL) has been enabled" in str(message):
+            gil_warnings.append(str(message))
+        return shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = showwarning
 
 
 def _install_from_env(torch_module: object) -> None:

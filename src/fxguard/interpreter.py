@@ -6,7 +6,8 @@ On a free-threaded build (3.13t) importing an extension that does not declare
 a RuntimeWarning naming the module (triton's ``libtriton`` does, at ``import
 torch._dynamo``; ``PYTHON_GIL=0`` keeps it off, at that module's risk).
 ``watch()`` notes those names as the warnings are shown; ``import fxguard``
-calls it, and so does the FXGUARD=1 start-up hook on a free-threaded build.
+calls it.  The FXGUARD=1 start-up hook, which must not import fxguard before
+torch, keeps such warnings itself; ``report()`` reads them.
 """
 from __future__ import annotations
 
@@ -51,6 +52,8 @@ def watch() -> None:
 
 
 def report() -> dict[str, Any]:
-    """For status() and doctor."""
+    """For status() and doctor (with what the FXGUARD=1 hook saw before fxguard was imported)."""
+    for message in getattr(sys.modules.get("_fxguard_startup"), "gil_warnings", ()):
+        note(message)
     return {"free_threaded": free_threaded(), "gil_enabled": gil_enabled(),
             "gil_enabled_by": list(_enabled_by) if free_threaded() else None}

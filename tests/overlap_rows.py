@@ -21,9 +21,9 @@ the lead lands these as rows afterwards.  Until then tests apply them with
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib
 import threading
+import types
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -77,7 +77,7 @@ CLASS_ATTRS: tuple[ClassAttr, ...] = (
 class ThreadValue:
     """Class-attribute descriptor: ``Cls.attr`` and ``obj.attr`` give the
     calling thread's value (``Cls.attr = v`` on the class would replace the
-    descriptor, so the writers go through ``set`` instead)."""
+    descriptor, so the writers go through ``ClassAttrView`` instead)."""
 
     def __init__(self, factory: Callable[[], Any]) -> None:
         self.factory, self.local = factory, threading.local()
@@ -88,6 +88,47 @@ class ThreadValue:
         except AttributeError:
             self.local.value = self.factory()
             return self.local.value
+
+
+class ThreadInstanceValue(ThreadValue):
+    """Data descriptor for an attribute that code assigns on an instance
+    (``self.stack = ...``): reads and writes through any instance are the
+    calling thread's; the instance's own ``__dict__`` entry is shadowed."""
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        self.local.value = value
+
+
+@dataclass(frozen=True)
+class InstanceAttr:
+    """An attribute of a process-wide singleton that one compile sets and reads back."""
+    where: str                         # 'pkg.mod.Cls.attr'
+    factory: Callable[[], Any]
+
+
+INSTANCE_ATTRS: tuple[InstanceAttr, ...] = (
+    # dynamo's torch_function_mode_stack_state_mgr (one instance for the
+    # process, 2.6+): __enter__ saves the compiling thread's torch-function
+    # mode stack in .stack and clears it, OutputGraph reads .stack as the
+    # modes to trace, __exit__ pushes .stack back.  Two compiles at once: one
+    # traces with, and its thread ends up with, the other thread's modes.
+    InstanceAttr("torch._dynamo.variables.torch_function.TorchFunctionModeStackStateManager.stack",
+                 list),
+)
+
+
+def instance_attr_changes() -> list[tuple[str, object, str, Any]]:
+    changes = []
+    for row in INSTANCE_ATTRS:
+        try:
+            owner, name, _ = patches.resolve_path(row.where.rsplit(".", 1)[0])
+            cls = getattr(owner, name)
+        except (ImportError, AttributeError):
+            continue
+        attr = row.where.rsplit(".", 1)[1]
+        if isinstance(cls, type):
+            changes.append((LABEL, cls, attr, ThreadInstanceValue(row.factory)))
+    return changes
 
 
 class ClassAttrView:
@@ -142,61 +183,90 @@ def _function(path: str) -> Any:
 
 @dataclass(frozen=True)
 class Once:
-    """A ``functools.cache``'d (or lru_cache'd) function of no arguments that
-    registers or fills something process-wide the first time it runs."""
+    """One-time set-up that registers or fills something process-wide: a
+    ``functools.cache``'d function (``memo``: the cache decides "first call",
+    and two threads that both miss it both run the body), or a plain function
+    that guards itself with a check-then-fill (``memo=False``: it only needs
+    the lock around its whole body)."""
     where: str
+    memo: bool = True
 
 
 ONCE: tuple[Once, ...] = (
-    Once("torch._inductor.pattern_matcher.init_once_fakemode"),  # wraps the ones below
-    Once("torch._inductor.fx_passes.joint_graph.lazy_init"),
+    # pattern registration ("Duplicate pattern" when run twice)
+    Once("torch._inductor.fx_passes.joint_graph.lazy_init"),  # init_once_fakemode
     Once("torch._inductor.fx_passes.post_grad.lazy_init"),
     Once("torch._inductor.fx_passes.pre_grad.lazy_init"),
+    Once("torch._inductor.fx_passes.freezing_patterns.lazy_init"),
     Once("torch._inductor.fx_passes.fuse_attention._sfdp_init"),
     Once("torch._inductor.fx_passes.pad_mm._pad_mm_init"),
     Once("torch._inductor.fx_passes.misc_patterns._misc_patterns_init"),
-    Once("torch._inductor.fx_passes.b2b_gemm.b2b_gemm_init"),   # not every torch
-    Once("torch._inductor.fx_passes.bucketing.init_bucketing"),  # not every torch
+    Once("torch._inductor.fx_passes.freezing_patterns.freezing_passes_init"),  # older name
+    Once("torch._inductor.fx_passes.binary_folding.binary_folding_init"),
+    Once("torch._inductor.fx_passes.mkldnn_fusion._mkldnn_fusion_init"),
+    Once("torch._inductor.fx_passes.mkldnn_fusion._mkldnn_weight_pack_init"),
     Once("torch._inductor.fx_passes.quantization._register_quantization_weight_pack_pass"),
+    Once("torch._inductor.fx_passes.b2b_gemm.b2b_gemm_init"),
+    Once("torch._inductor.fx_passes.micro_pipeline_tp._micro_pipeline_tp_init"),
+    # dynamo: `if len(MAP) > 0: return`, then fills it entry by entry (2.9+):
+    # a second thread returns early and reads a half-filled map (KeyError: and_)
+    Once("torch._dynamo.variables.builtin.populate_builtin_to_tensor_fn_map", memo=False),
 )
 
-# One lock for every once-initialiser: they call each other (init_once_fakemode
-# wraps lazy_init), so a re-entrant lock; one lock, not one per function, so
-# two threads entering them in different orders cannot deadlock.
-ONCE_LOCK = threading.RLock()
+ONCE_HELPER = "__fxguard_once__"
 
-ONCE_BODY = """\
-    with __fxguard_once__:
-        return __fxguard_once_inner__({call})
-"""
+
+class OnceHelper:
+    """What the rewritten set-up functions call.  One re-entrant lock for all
+    of them: they call each other (joint_graph's lazy_init runs _sfdp_init,
+    ...), and one lock cannot be taken in two orders.  Held only by a thread
+    running a set-up body: a set-up done once is a cache hit, which never
+    reaches this (functools.cache answers first)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.bodies: list[Any] = []     # index -> the original function (a shadow)
+        self.memo: list[bool] = []
+        self.done: dict[tuple, Any] = {}
+
+    def add(self, body: Any, memo: bool) -> int:
+        self.bodies.append(body)
+        self.memo.append(memo)
+        return len(self.bodies) - 1
+
+    def __call__(self, index: int, *args: Any, **kwargs: Any) -> Any:
+        with self.lock:
+            if not self.memo[index]:
+                return self.bodies[index](*args, **kwargs)
+            key = (index, args, tuple(sorted(kwargs.items())))
+            if key in self.done:  # another thread ran it while this one waited
+                return self.done[key]
+            result = self.done[key] = self.bodies[index](*args, **kwargs)
+            return result
 
 
 def once_lock_changes() -> list[tuple[str, object, str, Any]]:
-    """For each cached initialiser found: its cache wrapper is swapped for one
-    that takes ONCE_LOCK around the cached call, so the first call runs the body
-    exactly once and every other caller waits for it and gets its result.
-    (The cache object itself is kept inside, so cache_clear() still works.)"""
-    changes = []
+    """Each set-up function found keeps its identity (module attributes,
+    ``from ... import`` aliases and the functools.cache wrapper all stay):
+    the Python function the cache calls gets code that runs its original body
+    under ONCE's lock, once per arguments."""
+    helper, changes, modules = OnceHelper(), [], {}
     for row in ONCE:
         try:
-            owner, name, cached = patches.resolve_path(row.where)
+            _, _, found = patches.resolve_path(row.where)
         except (ImportError, AttributeError):
+            continue  # not on this torch
+        cached = hasattr(found, "cache_info")
+        if cached != row.memo:
+            continue  # not the shape this row describes on this torch
+        fn = found.__wrapped__ if cached else found
+        if not isinstance(fn, types.FunctionType):
             continue
-        if not hasattr(cached, "cache_info"):
-            continue  # not cached on this torch: not a once-initialiser
-
-        @functools.wraps(cached)
-        def locked(*args: Any, __cached: Any = cached, **kwargs: Any) -> Any:
-            info = __cached.cache_info()
-            if info.currsize:  # done already: no lock on the hot path
-                return __cached(*args, **kwargs)
-            with ONCE_LOCK:
-                return __cached(*args, **kwargs)
-
-        locked.cache_info = cached.cache_info  # type: ignore[attr-defined]
-        locked.cache_clear = cached.cache_clear  # type: ignore[attr-defined]
-        changes.append((LABEL, owner, name, locked))
-    return changes
+        index = helper.add(patches.shadow_function(fn), row.memo)
+        body = f"    return {ONCE_HELPER}({index}, {{call}})\n"
+        modules[id(fn.__globals__)] = fn.__globals__  # init_once_fakemode's: pattern_matcher's
+        changes.append((LABEL, fn, "__code__", patches.wrapper_code(fn, body)))
+    return [(LABEL, globals_, ONCE_HELPER, helper) for globals_ in modules.values()] + changes
 
 
 # -- applying them (tests only, until the lead lands them as rows) -----------------
@@ -213,7 +283,7 @@ def installed_with(per_thread: tuple[PerThread, ...] = (), class_attrs: bool = F
     finally:
         plan.PER_THREAD = saved
     try:
-        extra = (class_attr_changes() if class_attrs else []) + \
+        extra = (class_attr_changes() + instance_attr_changes() if class_attrs else []) + \
             (once_lock_changes() if once_locks else [])
         for change in extra:
             patches.apply_patch(*change)

@@ -208,6 +208,10 @@ ONCE: tuple[Once, ...] = (
     Once("torch._inductor.fx_passes.quantization._register_quantization_weight_pack_pass"),
     Once("torch._inductor.fx_passes.b2b_gemm.b2b_gemm_init"),
     Once("torch._inductor.fx_passes.micro_pipeline_tp._micro_pipeline_tp_init"),
+    Once("torch._inductor.fx_passes.freezing_patterns.addmm_patterns_init"),
+    # device codegen registration, the autotuning subprocess pool
+    Once("torch._inductor.codegen.common.init_backend_registration"),
+    Once("torch._inductor.autotune_process.get_tuning_process_pool"),
     # dynamo: `if len(MAP) > 0: return`, then fills it entry by entry (2.9+):
     # a second thread returns early and reads a half-filled map (KeyError: and_)
     Once("torch._dynamo.variables.builtin.populate_builtin_to_tensor_fn_map", memo=False),

@@ -211,7 +211,9 @@ ONCE: tuple[Once, ...] = (
     Once("torch._inductor.fx_passes.freezing_patterns.addmm_patterns_init"),
     # device codegen registration, the autotuning subprocess pool
     Once("torch._inductor.codegen.common.init_backend_registration"),
+    Once("torch._inductor.codegen.common._init_builtin_backend_registration"),  # 2.15
     Once("torch._inductor.autotune_process.get_tuning_process_pool"),
+    Once("torch._inductor.autotune_process.get_tuning_thread_pool"),  # 2.15
     # dynamo: `if len(MAP) > 0: return`, then fills it entry by entry (2.9+):
     # a second thread returns early and reads a half-filled map (KeyError: and_)
     Once("torch._dynamo.variables.builtin.populate_builtin_to_tensor_fn_map", memo=False),

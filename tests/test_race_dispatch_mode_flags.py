@@ -12,16 +12,14 @@ or the without-ignore flag (2.9-2.10; 2.11+ with
 ``inline_torch_dispatch_torch_compile=False``) reads True; inductor's
 ``wrap_inductor_compiled_regions`` wrapper reads the first flag.
 
-Each scenario runs three ways: ``off`` (stock torch), ``fxguard`` (install()
-without these rows) and ``rows`` (install() plus the prototype rows of
-``overlap_rows.DISPATCH_MODE_FLAGS``).  The first two must fail (strict xfail).
+Each scenario runs both ways: guard off (stock torch) must fail where the flags
+are process-wide (strict xfail), and with fxguard installed pass.
 """
 import threading
 
 import pytest
 import torch
 from guarded import run_together
-from overlap_rows import DISPATCH_MODE_FLAGS, installed_with
 from torch.utils import _python_dispatch as dispatch
 from torch.utils._python_dispatch import TorchDispatchMode, is_in_torch_dispatch_mode
 
@@ -34,25 +32,19 @@ def flags_are_process_wide() -> bool:
     return isinstance(vars(dispatch).get("_is_in_torch_dispatch_mode"), bool)
 
 
-def three_ways(races=flags_are_process_wide):
+def both_ways(races=flags_are_process_wide):
     fails = pytest.mark.xfail(races(), strict=True, reason="process-wide flags: must catch it")
-    return pytest.mark.parametrize("way", [pytest.param("off", marks=fails),
-                                           pytest.param("fxguard", marks=fails), "rows"])
+    return pytest.mark.parametrize("way", [pytest.param("off", marks=fails), "on"])
 
 
 @pytest.fixture
 def applied(way):
-    """Stock, fxguard.install(), or install() with the prototype rows; stock after."""
+    """Stock torch, or fxguard.install(); stock after."""
     try:
-        if way == "off":
-            yield way
-        elif way == "fxguard":
+        if way == "on":
             import fxguard
             fxguard.install()
-            yield way
-        else:
-            with installed_with(DISPATCH_MODE_FLAGS):
-                yield way
+        yield way
     finally:
         # a stock race can leave the flags True for good: later tests start clean
         for name in FLAGS:
@@ -83,7 +75,7 @@ def expected(seen: dict, value: bool) -> dict:
     return {k: value for k in seen}
 
 
-@three_ways()
+@both_ways()
 def test_thread_in_no_mode_does_not_see_another_threads_user_mode(applied):
     inside, release, seen = threading.Event(), threading.Event(), {}
 
@@ -105,7 +97,7 @@ def test_thread_in_no_mode_does_not_see_another_threads_user_mode(applied):
     assert seen["b"] == expected(seen["b"], False), f"B saw A's mode: {seen['b']}"
 
 
-@three_ways()
+@both_ways()
 def test_thread_in_no_mode_does_not_see_another_threads_compile(applied):
     """A is held inside dynamo's tracing, where FakeTensorMode (an infra mode)
     runs a custom op's fake implementation; B reads the flags meanwhile."""
@@ -144,7 +136,7 @@ def test_thread_in_no_mode_does_not_see_another_threads_compile(applied):
     assert seen["b"]["any"] is False, f"B saw A's compile's FakeTensorMode: {seen['b']}"
 
 
-@three_ways()
+@both_ways()
 def test_interleaved_enter_exit_leave_no_flag_stuck(applied):
     """A enters, B enters, A exits, B exits.  Stock: B saved A's True on entry
     and puts it back on exit, so every thread reads True from then on (and B's
@@ -178,7 +170,7 @@ def fresh_function():
     return namespace["f"]
 
 
-@three_ways()
+@both_ways()
 def test_compiled_call_runs_compiled_while_another_thread_is_in_a_user_mode(applied):
     """The harm: dynamo's frame callback skips a frame (it runs eager) while the
     flag reads True, and on torch <= 2.13 that code stays skipped for good (the

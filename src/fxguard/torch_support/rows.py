@@ -78,6 +78,20 @@ PER_THREAD: tuple[PerThread, ...] = (
 
 
 
+# TorchDispatchMode's flags: every mode's __enter__ saves and sets them, its
+# __exit__ restores them, while the mode stack itself is per thread (C++).  A
+# thread in no mode read another's (inductor's compiled-region wrapper, and
+# dynamo, which skips the frame, running it eager, while one reads True), and
+# interleaved enter/exit left them True for good.  The C++ mirror of the last
+# (2.10+) is a thread_local each thread's own enter/exit sets.
+PER_THREAD += (
+    PerThread("torch.utils._python_dispatch", "_is_in_torch_dispatch_mode", False),
+    PerThread("torch.utils._python_dispatch", "_is_in_non_infra_torch_dispatch_mode", False),
+    PerThread("torch.utils._python_dispatch",
+              "_is_in_any_mode_without_ignore_compile_internals", False),  # 2.9+
+)
+
+
 # -- direct traces on several threads ---------------------------------------------
 
 PATCHER_MODULE = "torch.fx._symbolic_trace"

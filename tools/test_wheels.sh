@@ -11,7 +11,7 @@ pythons=("$@")
 [ ${#pythons[@]} -gt 0 ] || pythons=(~/.pyenv/versions/3.10.*/bin/python ~/.pyenv/versions/3.12.*/bin/python ~/.pyenv/versions/3.13.*/bin/python)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-cp tests/test_core_without_torch.py "$tmp/"
+cp tests/core/test_without_torch.py "$tmp/"
 for py in "${pythons[@]}"; do
   version=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
   echo "== Python $version: build the wheel, install it in a fresh venv, core tests"
@@ -20,7 +20,7 @@ for py in "${pythons[@]}"; do
   "$py" -m venv "$tmp/venv-$version"
   "$tmp/venv-$version/bin/python" -m pip install -q "$wheel" pytest
   (cd "$tmp" && "$tmp/venv-$version/bin/python" -m pytest -q -p no:cacheprovider --noconftest \
-     test_core_without_torch.py)
+     test_without_torch.py)
   vpy="$tmp/venv-$version/bin/python"
   "$vpy" -c 'import fxguard, inspect; print(" ", fxguard.__file__, inspect.signature(fxguard._core.RLock.acquire))'
   # The wheel's .pth is in site-packages and arms the torch import hook.

@@ -1,6 +1,6 @@
 """Leaks in the C core, torch-free, each in a fresh interpreter: memory per thread after
 20 000 short-lived threads that each trace and touch their record, and 10^6
-fx_tracing()/RLock cycles.  (On torch: test_faults_with_torch.py.)
+fx_tracing()/RLock cycles.  (On torch: torch_support/test_torch_faults.py.)
 
 Bounds: at most 16 traced bytes per thread (a thread's record, its slot values and
 its thread-state dict are all freed with it: measured ~0, the bound leaves room for

@@ -2,11 +2,11 @@
 a compiled function.  Stock torch <= 2.13: thread 2 raises "Detected that you
 are using FX to symbolically trace a dynamo-optimized function".
 
-    python race_a.py                     # exit 1 on stock torch
-    fxguard run race_a.py                # exit 0
-    FXGUARD=1 python race_a.py           # exit 0
-    FXGUARD=1 torchrun --nproc-per-node 2 race_a.py
-    pytest --fxguard race_a.py           # as a test
+    python trace_vs_compiled_call.py                     # exit 1 on stock torch
+    fxguard run trace_vs_compiled_call.py                # exit 0
+    FXGUARD=1 python trace_vs_compiled_call.py           # exit 0
+    FXGUARD=1 torchrun --nproc-per-node 2 trace_vs_compiled_call.py
+    pytest --fxguard trace_vs_compiled_call.py           # as a test
 
 No fxguard in here: the point is turning it on from outside.
 """
@@ -50,6 +50,6 @@ if __name__ == "__main__":
     error = compiled_call_during_trace()
     fxguard = sys.modules.get("fxguard")
     installed = fxguard is not None and fxguard.is_installed()
-    print(f"race (a) rank {os.environ.get('RANK', '-')}: fxguard installed: {installed}; "
+    print(f"trace-vs-compiled-call rank {os.environ.get('RANK', '-')}: fxguard installed: {installed}; "
           + ("compiled call ran" if error is None else f"compiled call raised: {error}"))
     sys.exit(0 if error is None else 1)

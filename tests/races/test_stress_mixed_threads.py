@@ -1,7 +1,7 @@
 """Stress: many threads mixing symbolic_trace, make_fx and compiled calls, bounded in time.
 
 No lock around the traces: with fxguard, overlapping direct traces patch
-only their own thread (tests/test_concurrent_direct_traces.py); traces in some
+only their own thread (tests/races/test_concurrent_direct_traces.py); traces in some
 threads, compiled calls in the others.
 """
 import sys

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-BENCH = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "concurrent_compile.py")
+BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "concurrent_compile.py")
 
 
 @pytest.mark.skipif(tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13),

@@ -4,7 +4,7 @@ arguments to every public C function, and a short run of the core stress.
 
 (The lock's own faults, KeyboardInterrupt while blocked in acquire() and fork()
 while another thread holds it, are in test_rlock.py; the same faults inside a real
-torch trace in test_faults_with_torch.py.)
+torch trace in torch_support/test_torch_faults.py.)
 """
 import ctypes
 import math
@@ -308,7 +308,7 @@ def test_rlock_methods_without_arguments_reject_arguments():
 
 
 def test_core_stress_briefly():
-    stress = Path(__file__).with_name("core_stress.py")
+    stress = Path(__file__).with_name("stress.py")
     proc = subprocess.run([sys.executable, str(stress), "1", "4"], capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr

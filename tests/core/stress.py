@@ -1,11 +1,11 @@
 """Stress the C core without torch: threads x fx_tracing()/RLock/Condition/SlotView/
 Dispatch/Reader/thread records.
 
-    python tests/core_stress.py [seconds] [threads]
+    python tests/core/stress.py [seconds] [threads]
 
 Run by the sanitizer jobs (.ci/sanitize: ASan+UBSan, valgrind; .ci/tsan:
-ThreadSanitizer on free-threaded CPython), briefly by tests/test_core_faults.py,
-and with the GIL off by tests/test_free_threaded.py.  Each worker loops until the
+ThreadSanitizer on free-threaded CPython), briefly by tests/core/test_core_faults.py,
+and with the GIL off by tests/core/test_free_threaded.py.  Each worker loops until the
 deadline over: nested fx_tracing() scopes, contended RLock acquire/release
 (blocking, with timeouts, re-entrant, threading.Condition), a read-modify-write of a
 shared counter that only the lock protects, per-thread SlotView slots, a per-thread

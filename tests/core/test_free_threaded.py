@@ -1,6 +1,6 @@
 """The C core without the GIL (free-threaded CPython, 3.13t): importing it keeps the
 GIL off, and with the GIL off no lock-protected update is lost, the tracing count
-comes back to 0, and the core stress (tests/core_stress.py) holds every invariant.
+comes back to 0, and the core stress (tests/core/stress.py) holds every invariant.
 
 Skipped unless pytest itself runs on a free-threaded build.  Each test runs in a
 fresh interpreter with PYTHON_GIL=0, so it measures the core even where something
@@ -22,7 +22,7 @@ import pytest
 pytestmark = pytest.mark.skipif(not sysconfig.get_config_var("Py_GIL_DISABLED"),
                                 reason="needs a free-threaded CPython (3.13t)")
 
-STRESS = Path(__file__).with_name("core_stress.py")
+STRESS = Path(__file__).with_name("stress.py")
 
 
 def run(args, gil=None, timeout=300):

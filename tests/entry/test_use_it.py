@@ -1,5 +1,5 @@
 """README's "Use it", end to end: a wheel built from this tree, installed in a
-fresh virtual environment, and examples/race_a.py (race (a)) run each way.
+fresh virtual environment, and examples/trace_vs_compiled_call.py run each way.
 Stock torch fails it (where torch races); every way of turning fxguard on
 passes it: import, ``fxguard run``, FXGUARD=1 (the .pth, also in torchrun
 workers and subprocesses), ``pytest --fxguard``.
@@ -16,10 +16,10 @@ import torch
 
 from guarded import torch_races
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RACE = os.path.join(ROOT, "examples", "race_a.py")
-RACED = 1 if torch_races() else 0  # stock torch's exit status on race_a.py
-# A process that ran race (a) with fxguard installed used to abort at interpreter exit
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RACE = os.path.join(ROOT, "examples", "trace_vs_compiled_call.py")
+RACED = 1 if torch_races() else 0  # stock torch's exit status on trace_vs_compiled_call.py
+# A process that ran that race with fxguard installed used to abort at interpreter exit
 # now and then ("terminate called without an active exception": torch's thread-locals of a
 # just-ended thread destroyed during finalization); install() now waits for them at exit,
 # and any abort fails here.
@@ -54,7 +54,7 @@ def venv(tmp_path_factory):
     assert os.path.exists(os.path.join(site, "fxguard-startup.pth"))
     work = tmp / "work"
     work.mkdir()
-    shutil.copy(RACE, work / "race_a.py")
+    shutil.copy(RACE, work / "trace_vs_compiled_call.py")
     return {"python": python, "bin": str(tmp / "venv" / "bin"), "cwd": str(work)}
 
 
@@ -71,26 +71,26 @@ def test_the_venv_uses_the_wheel(venv):
 
 
 def test_stock_torch(venv):
-    proc = run(venv, venv["python"], "race_a.py")
+    proc = run(venv, venv["python"], "trace_vs_compiled_call.py")
     assert proc.returncode == RACED, proc.stdout + proc.stderr
     assert "fxguard installed: False" in proc.stdout
 
 
 def test_import_and_install(venv):
     proc = run(venv, venv["python"], "-c", "import fxguard, runpy; fxguard.install(); "
-               "runpy.run_path('race_a.py', run_name='__main__')")
+               "runpy.run_path('trace_vs_compiled_call.py', run_name='__main__')")
     assert_ran_fixed(proc)
     assert "fxguard installed: True; compiled call ran" in proc.stdout
 
 
 def test_fxguard_run_console_script(venv):
-    proc = run(venv, os.path.join(venv["bin"], "fxguard"), "run", "race_a.py")
+    proc = run(venv, os.path.join(venv["bin"], "fxguard"), "run", "trace_vs_compiled_call.py")
     assert_ran_fixed(proc)
     assert "fxguard installed: True; compiled call ran" in proc.stdout
 
 
 def test_fxguard_environment_variable(venv):
-    proc = run(venv, venv["python"], "race_a.py", FXGUARD="1")
+    proc = run(venv, venv["python"], "trace_vs_compiled_call.py", FXGUARD="1")
     assert_ran_fixed(proc)
     assert "fxguard installed: True; compiled call ran" in proc.stdout
 
@@ -98,14 +98,14 @@ def test_fxguard_environment_variable(venv):
 def test_subprocesses_of_fxguard_run_get_it(venv):
     with open(os.path.join(venv["cwd"], "parent.py"), "w") as f:
         f.write("import subprocess, sys\n"
-                "sys.exit(subprocess.run([sys.executable, 'race_a.py']).returncode)\n")
+                "sys.exit(subprocess.run([sys.executable, 'trace_vs_compiled_call.py']).returncode)\n")
     proc = run(venv, venv["python"], "-m", "fxguard", "run", "parent.py")
     assert_ran_fixed(proc)
     assert "fxguard installed: True; compiled call ran" in proc.stdout
 
 
 def test_pytest_flag(venv):
-    args = (venv["python"], "-m", "pytest", "-p", "no:cacheprovider", "race_a.py")
+    args = (venv["python"], "-m", "pytest", "-p", "no:cacheprovider", "trace_vs_compiled_call.py")
     stock = run(venv, *args)
     assert stock.returncode == RACED, stock.stdout + stock.stderr
     guarded = run(venv, *args, "--fxguard")
@@ -116,7 +116,7 @@ def test_pytest_flag(venv):
 def test_torchrun_workers(venv):
     """README's torchrun example: FXGUARD=1 reaches every worker (no process group)."""
     proc = run(venv, venv["python"], "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", "2", "race_a.py", FXGUARD="1")
+               "--nproc-per-node", "2", "trace_vs_compiled_call.py", FXGUARD="1")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for rank in (0, 1):
-        assert f"race (a) rank {rank}: fxguard installed: True; compiled call ran" in proc.stdout
+        assert f"trace-vs-compiled-call rank {rank}: fxguard installed: True; compiled call ran" in proc.stdout

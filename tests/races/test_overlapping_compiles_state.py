@@ -324,6 +324,8 @@ def clean_class_attrs():
                              (ir.IRNode, "_current_stream_idx", None),
                              (ir.IRNode, "_current_mempool", None),
                              (ir.ComputedBuffer, "_force_realize", False),
+                             (ir.FlexibleLayout, "allow_indexing", False),
+                             (ir.ConstantBuffer, "override_device", None),
                              (TritonBundler, "_entries", None),
                              (TritonBundler, "_static_autotuners", None),
                              (TritonBundler, "_winners", None)):
@@ -364,6 +366,52 @@ def test_lowering_context_stays_in_its_thread(case, way, monkeypatch, clean_clas
     run_together(a, b)
     seen["main"] = read()
     assert seen == expected, seen
+
+
+@concurrent_ways()
+def test_layout_indexing_allowed_only_in_the_thread_that_allows_it(way, monkeypatch,
+                                                                  clean_class_attrs):
+    """inductor wraps every indexing of a not yet fixed layout in
+    ``patch.object(FlexibleLayout, "allow_indexing", True)`` (here: counting an
+    IR node's ops).  A inside its patch, B inside its own, A's ends, B still
+    inside reads it.  Stock: False under B (inductor then asserts "convert
+    FlexibleLayout to FixedLayout first"), and True for good once B's ends."""
+    from torch._inductor import ir
+    from torch._inductor.virtualized import ops
+    apply_way(way, monkeypatch, lock_hides=False)
+    a_in, b_in, a_out, seen = threading.Event(), threading.Event(), threading.Event(), {}
+
+    def node(inner):
+        return ir.Pointwise(device=torch.device("cpu"), dtype=torch.float32, inner_fn=inner,
+                            ranges=[4])
+
+    def inner_a(index):
+        seen["a"] = ir.FlexibleLayout.allow_indexing
+        a_in.set()
+        assert b_in.wait(HOLD)
+        return ops.constant(1.0, torch.float32)
+
+    def inner_b(index):
+        b_in.set()
+        assert a_out.wait(HOLD)
+        seen["b"] = ir.FlexibleLayout.allow_indexing
+        return ops.constant(2.0, torch.float32)
+
+    def a():
+        node(inner_a).inner_fn_opcount()
+        a_out.set()
+
+    def b():
+        assert a_in.wait(HOLD)
+        try:
+            node(inner_b).inner_fn_opcount()
+        finally:
+            b_in.set()
+        seen["b after"] = ir.FlexibleLayout.allow_indexing
+
+    run_together(a, b)
+    seen["main"] = ir.FlexibleLayout.allow_indexing
+    assert seen == {"a": True, "b": True, "b after": False, "main": False}, seen
 
 
 @pytest.mark.parametrize("way", ["on"])

@@ -409,6 +409,18 @@ CLASS_ATTRS: tuple[ClassAttr, ...] = (
     ClassAttr(f"{IR}.IRNode._current_mempool", (f"{IR}.IRNode.current_mempool",)),  # 2.14+
     ClassAttr(f"{IR}.ComputedBuffer._force_realize", (f"{IR}.ComputedBuffer.force_realize",),
               default=False),
+    # patch.object(FlexibleLayout, "allow_indexing", True) around every indexing
+    # of a not yet fixed layout: one thread's exit turned it off under another's
+    # ("convert FlexibleLayout to FixedLayout first"), and left it on for good.
+    ClassAttr(f"{IR}.FlexibleLayout.allow_indexing", (), default=False,
+              patched_in=(IR, "torch._inductor.select_algorithm", "torch._inductor.ops_handler",
+                          "torch._inductor.dependencies", "torch._inductor.lowering",
+                          "torch._inductor.codegen.cpp_template"),
+              patch_targets=("FlexibleLayout", "ir.FlexibleLayout")),
+    # patch.object(ConstantBuffer, "override_device", device): the device a
+    # constant is loaded for, around a loader's calls.
+    ClassAttr(f"{IR}.ConstantBuffer.override_device", (), patched_in=(IR,),
+              patch_targets=("ConstantBuffer",)),
 ) + tuple(
     # The bundle of the inductor compile in flight (begin_compile asserts there
     # is none; CPU compiles too, where bundling into the FX graph cache is on).

@@ -22,6 +22,11 @@ import sys
 import threading
 import traceback
 
+# Imported at collection, so that tests/conftest.py compiles on the main thread
+# first (torch 2.11's CUDA wheels without a GPU otherwise keep a compiling
+# thread's fake device guard after that thread ends: README, Limits).
+import torch  # noqa: F401
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 

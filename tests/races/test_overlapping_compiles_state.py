@@ -129,6 +129,57 @@ def test_each_compile_guards_on_its_own_threads_grad_mode(way, monkeypatch, clea
     assert seen == {"a": [3.0] * 3, "a again": [3.0] * 3, "a recompiled": 0, "b": [1.0] * 3}, seen
 
 
+# -- config patches made inside a compile ---------------------------------------------
+
+def config_is_process_wide() -> bool:
+    from fxguard.torch_support import facts
+    return not facts.config_is_per_thread()
+
+
+@concurrent_ways(config_is_process_wide)
+def test_a_compiles_config_patch_stays_in_that_compile(way, monkeypatch):
+    """Inductor patches its config inside a compile (``with config.patch(...)``).
+    A is held inside such a patch (in its backend); B's compile reads the
+    config, then patches it itself and ends after A's patch.  torch <= 2.11
+    keeps config process-wide: B read A's value, and B's patch put A's value
+    back for good."""
+    import torch._inductor.config as inductor_config
+    apply_way(way, monkeypatch, lock_hides=True)
+    before = inductor_config.inplace_buffers
+    a_in, b_in, a_out, seen = threading.Event(), threading.Event(), threading.Event(), {}
+
+    def a_backend(gm, example_inputs):
+        with inductor_config.patch(inplace_buffers=not before):
+            a_in.set()
+            assert b_in.wait(HOLD)
+        a_out.set()
+        return gm.forward
+
+    def b_backend(gm, example_inputs):
+        seen["b reads"] = inductor_config.inplace_buffers
+        try:
+            with inductor_config.patch(inplace_buffers=not before):
+                b_in.set()
+                assert a_out.wait(HOLD)
+        finally:
+            b_in.set()
+        return gm.forward
+
+    def a():
+        torch.compile(lambda x: x + 3, backend=a_backend)(torch.ones(2))
+
+    def b():
+        assert a_in.wait(HOLD)
+        torch.compile(lambda x: x * 4, backend=b_backend)(torch.ones(2))
+
+    try:
+        run_named(a=a, b=b)
+        seen["after"] = inductor_config.inplace_buffers
+    finally:
+        inductor_config.inplace_buffers = before
+    assert seen == {"b reads": before, "after": before}, seen
+
+
 # -- dynamo's saved torch-function mode stack ----------------------------------------
 
 def mode_stack_is_shared() -> bool:

@@ -194,7 +194,7 @@ def _concurrent(options: dict, planner: Planner, changes: list, facts: TorchFact
         more, outcome, detail = exact_counters.plan("exact counters", where)
         changes += more
         out.append(Row("exact counters", where, outcome, detail))
-    out.append(_shared_lock(rows.COMPILE_LOCK, options, planner, changes))  # last: the lock opens
+    out += _shared_lock(rows.COMPILE_LOCK, options, planner, changes, facts)  # last: the lock opens
     return out
 
 
@@ -208,26 +208,41 @@ def _class_attrs(planner: Planner, changes: list) -> list[Row]:
     return [Row(what, r.where, outcome, detail) for r, outcome, detail in outcomes]
 
 
-def _shared_lock(row: rows.SharedLockRow, options: dict, planner: Planner,
-                 changes: list) -> Row:
-    """The lock becomes a SharedLock; the functions hold it shared for their whole body."""
+def _shared_lock(row: rows.SharedLockRow, options: dict, planner: Planner, changes: list,
+                 facts: TorchFacts) -> list[Row]:
+    """The lock becomes a SharedLock; the functions hold it shared for their
+    whole body (where config is process-wide, in an overlay window too)."""
+    config_row = "config per compile", ", ".join(rows.COMPILE_CONFIG)
     if not options[row.option]:
-        return Row(row.what, row.where, Outcome.OPTION_OFF)
+        return [Row(row.what, row.where, Outcome.OPTION_OFF), Row(*config_row, Outcome.OPTION_OFF)]
     try:
         owner, name, current = originals.resolve_path(row.where)
     except (ImportError, AttributeError):
-        return Row(row.what, row.where, Outcome.NOT_AVAILABLE)
+        return [Row(row.what, row.where, Outcome.NOT_AVAILABLE)]
     if type(current) is not type(threading.RLock()):
-        return Row(row.what, row.where, Outcome.NOT_COVERED,
-                   f"{name} is a {type(current).__name__}, not the RLock fxguard knows")
+        return [Row(row.what, row.where, Outcome.NOT_COVERED,
+                    f"{name} is a {type(current).__name__}, not the RLock fxguard knows")]
     functions = [_function(where) for where in row.shared_in]
     if None in functions:
-        return Row(row.what, row.where, Outcome.NOT_AVAILABLE)
+        return [Row(row.what, row.where, Outcome.NOT_AVAILABLE)]
     lock = shared_lock.SharedLock()
     made = [Change(row.what, owner, name, lock)]
+    body, config = rows.SHARED_BODY, Row(*config_row, Outcome.NOT_NEEDED, "config per thread")
+    if not facts.config_per_thread:
+        made += _overlay_every_entry(config_row[0])
+        body, config = rows.SHARED_WINDOW_BODY, Row(*config_row, Outcome.PATCHED)
     for fn in functions:
         namespace = types.SimpleNamespace(
-            inner=codegen.shadow_function(fn, planner.code_for(fn)), lock=lock)
-        made += codegen.swap_code(row.what, fn, rows.SHARED_BODY, namespace)
+            inner=codegen.shadow_function(fn, planner.code_for(fn)), lock=lock, window=overlay.window)
+        made += codegen.swap_code(row.what, fn, body, namespace)
     changes += made
-    return Row(row.what, row.where, Outcome.PATCHED)
+    return [Row(row.what, row.where, Outcome.PATCHED), config]
+
+
+def _overlay_every_entry(label: str) -> list[Change]:
+    """Every entry of the compile's config modules honours overlay.window()."""
+    made = []
+    for module in rows.COMPILE_CONFIG:
+        for entry in getattr(importlib.import_module(module), "_config", {}).values():
+            made.append(Change(label, entry, "__class__", overlay.overlaid(entry, "user_override")))
+    return made

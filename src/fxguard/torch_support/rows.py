@@ -358,6 +358,16 @@ SHARED_BODY = """\
     with {ns}.lock.shared():
         return {ns}.inner({call})
 """
+# torch <= 2.11 (config process-wide): a compile also runs in an overlay window
+# (machinery.overlay) over every entry of these config modules, so that its
+# `with config.patch(...)` (inductor's own: inplace_buffers, unroll thresholds,
+# padding, ...; torch.compile's options and mode) stays in its thread.
+# Interleaved, two compiles' patches otherwise crossed and stayed for good.
+SHARED_WINDOW_BODY = """\
+    with {ns}.lock.shared(), {ns}.window():
+        return {ns}.inner({call})
+"""
+COMPILE_CONFIG = ("torch._dynamo.config", "torch._inductor.config", "torch._functorch.config")
 
 # Dynamo's frame callback holds compile_lock (with _disable_current_modes())
 # across a whole compile: every thread waits out every other's compile.  Held

@@ -16,6 +16,7 @@ keeps B out.
 - inductor's class attributes swapped per lowering context (``IRNode._current_origins``
   and friends, ``ComputedBuffer._force_realize``, ``TritonBundler``'s bundle).
 """
+import sys
 import threading
 
 import pytest
@@ -178,6 +179,69 @@ def test_a_compiles_config_patch_stays_in_that_compile(way, monkeypatch):
     finally:
         inductor_config.inplace_buffers = before
     assert seen == {"b reads": before, "after": before}, seen
+
+
+# -- anomaly mode around AOTAutograd's joint trace ---------------------------------------
+
+@concurrent_ways()
+def test_overlapping_joint_traces_leave_anomaly_mode_off(way, monkeypatch):
+    """AOTAutograd traces every forward+backward inside
+    ``torch.autograd.detect_anomaly()``, which sets anomaly mode for the process
+    and puts back what it found.  A is held inside its joint trace until B's
+    has begun; B until A's has ended.  Stock: B's window was off while B was in
+    it, and on for good after (every autograd node then records a stack)."""
+    apply_way(way, monkeypatch, lock_hides=True)
+    a_held, b_held, a_done, seen = threading.Event(), threading.Event(), threading.Event(), {}
+    name = f"fxguard_test::hold_joint_{way.replace(' ', '_')}"
+
+    @torch.library.custom_op(name, mutates_args=())
+    def hold(x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    def in_joint_trace() -> bool:  # this thread's AOTAutograd joint trace, not dynamo's
+        frame = sys._getframe(2)
+        while frame is not None:
+            if frame.f_code.co_name == "inner_fn_with_anomaly":
+                return True
+            frame = frame.f_back
+        return False
+
+    @hold.register_fake
+    def _(x):
+        me = threading.current_thread().name
+        if in_joint_trace():
+            if me == "A" and not a_held.is_set():
+                a_held.set()
+                assert b_held.wait(HOLD)
+            elif me == "B" and not b_held.is_set():
+                b_held.set()
+                assert a_done.wait(HOLD)
+                seen["b inside its trace"] = torch.is_anomaly_enabled()
+        return torch.empty_like(x)
+
+    hold.register_autograd(lambda ctx, grad: grad)
+
+    def a():
+        try:
+            x = torch.ones(3, requires_grad=True)
+            torch.compile(lambda x: hold(x).sin(), backend="aot_eager")(x)
+        finally:
+            a_done.set()
+
+    def b():
+        assert a_held.wait(HOLD)
+        try:
+            x = torch.ones(3, requires_grad=True)
+            torch.compile(lambda x: hold(x).cos(), backend="aot_eager")(x)
+        finally:
+            b_held.set()
+
+    try:
+        run_named(a=a, b=b)
+        seen["after"] = torch.is_anomaly_enabled()
+    finally:
+        torch.set_anomaly_enabled(False)
+    assert seen == {"b inside its trace": True, "after": False}, seen
 
 
 # -- dynamo's saved torch-function mode stack ----------------------------------------

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..machinery import (codegen, exact_counters, once, originals, overlay, per_thread_attrs,
-                         per_thread_patching, shared_lock)
+                         per_thread_patching, shared_lock, shared_window)
 from ..machinery.changes import Change, NotCovered, Outcome, Row
 from ..machinery.per_thread_globals import Planner
 from . import config, rows
@@ -187,6 +187,14 @@ def _concurrent(options: dict, planner: Planner, changes: list, facts: TorchFact
         outcomes = [(r, off, "") for r in rows.ONCE]
     out += [Row("once-lock", r.where, outcome, detail) for r, outcome, detail in outcomes]
     out += [_wrap(wrap, facts, options, planner, changes) for wrap in rows.ID_LOCKS]
+    for window in rows.SHARED_WINDOWS:
+        what = "shared window"
+        if not on:
+            out.append(Row(what, window.target, off))
+            continue
+        more, outcome, detail = shared_window.plan(what, window, planner.code_for)
+        changes += more
+        out.append(Row(what, window.target, outcome, detail))
     for where in rows.EXACT_COUNTERS:
         if not on:
             out.append(Row("exact counters", where, off))

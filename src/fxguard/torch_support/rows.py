@@ -29,6 +29,7 @@ from ..machinery.changes import Outcome
 from ..machinery.once import Once
 from ..machinery.per_thread_attrs import ClassAttr, InstanceAttr
 from ..machinery.per_thread_globals import FastReader, PerThread
+from ..machinery.shared_window import SharedWindow
 from ..machinery.per_thread_patching import ClassState, Patching
 from .facts import FLAG, FLAG_MODULE, TorchFacts
 
@@ -492,6 +493,17 @@ ID_LOCKS: tuple[Wrapped, ...] = (
             option=CONCURRENT),
     Wrapped("id allocator lock", (Swap("torch.fx.graph_module._EvalCacheLoader._get_key",
                                        LOCKED, IDS),), option=CONCURRENT),
+)
+
+# AOTAutograd traces every joint graph inside torch.autograd.detect_anomaly(),
+# which turns anomaly mode on for the process (a C++ flag) and puts back what it
+# found: two compiles' windows interleaved left it on for good (every autograd
+# node then records a Python stack; with the node's tensor mutex held, that can
+# deadlock with the GIL).  One window for all of them instead.
+AOT = "torch._functorch._aot_autograd.graph_capture_wrappers"
+SHARED_WINDOWS: tuple[SharedWindow, ...] = (
+    SharedWindow("torch.autograd.detect_anomaly",
+                 (f"{AOT}.create_joint", f"{AOT}.create_functional_call")),
 )
 
 # dynamo and inductor statistics, `counters[group][key] += 1` all over torch

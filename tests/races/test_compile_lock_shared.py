@@ -17,7 +17,7 @@ import threading
 import pytest
 import torch
 import torch._dynamo.convert_frame as convert_frame
-from guarded import NoLock, apply_way, concurrent_ways, run_together, wait_until
+from guarded import NoLock, apply_way, concurrent_ways, held_in, run_together, wait_until
 
 import fxguard
 
@@ -78,6 +78,50 @@ def test_distinct_graphs_compile_at_once(way, monkeypatch):
 
     run_together(a, b, main, timeout=2 * HOLD)
     assert seen == {"a": [2.0, 2.0], "b": [5.0, 5.0], "b compiled while a held": True}, seen
+
+
+@pytest.mark.parametrize("way", [pytest.param("no-op lock", marks=pytest.mark.xfail(
+    strict=True, reason="one function's compiles overlap")), "on"])
+def test_one_function_compiles_one_thread_at_a_time(way, monkeypatch):
+    """Threads that miss the cache of one function together compile it one after
+    another (as stock; fxguard's compile-once row, where installed, makes the
+    later ones share the first's compile instead).  A's compile is held in its
+    backend; B calls the same function: B must wait (on the option's per-code
+    lock), not compile it alongside.  compile_lock a no-op: B compiles too."""
+    from fxguard.machinery.shared_lock import _Held
+    if way == "on":
+        fxguard.install(concurrent_compiles=True)
+    else:
+        monkeypatch.setattr(convert_frame, "compile_lock", NoLock())
+    a_inside, release, seen = threading.Event(), threading.Event(), {"inside": 0, "most": 0}
+
+    def backend(gm, example_inputs):
+        seen["inside"] += 1
+        seen["most"] = max(seen["most"], seen["inside"])
+        a_inside.set()
+        try:
+            assert release.wait(HOLD)
+        finally:
+            seen["inside"] -= 1
+        return gm.forward
+
+    compiled = torch.compile(lambda x: x * 7, backend=backend)
+    b = threading.Thread(target=lambda: compiled(torch.ones(2)), daemon=True)
+
+    def a():
+        compiled(torch.ones(2))
+
+    def main():
+        assert a_inside.wait(HOLD)
+        b.start()
+        # B inside the backend too (no-op lock), or waiting for the code's lock
+        wait_until(lambda: seen["most"] > 1 or held_in(b, _Held.__enter__.__code__),
+                   "B compiling alongside, or waiting")
+        release.set()
+
+    run_together(a, main, timeout=2 * HOLD)
+    b.join(HOLD)
+    assert seen["most"] == 1, seen
 
 
 def reset_scenario(way: str) -> list:

@@ -231,9 +231,10 @@ def _shared_lock(row: rows.SharedLockRow, options: dict, planner: Planner, chang
         return [Row(row.what, row.where, Outcome.NOT_COVERED,
                     f"{name} is a {type(current).__name__}, not the RLock fxguard knows")]
     functions = [_function(where) for where in row.shared_in]
-    if None in functions:
+    if None in functions or any("frame" not in fn.__code__.co_varnames[:fn.__code__.co_argcount]
+                                for fn in functions):
         return [Row(row.what, row.where, Outcome.NOT_AVAILABLE)]
-    lock = shared_lock.SharedLock()
+    lock, per_code = shared_lock.SharedLock(), shared_lock.KeyedLock()
     made = [Change(row.what, owner, name, lock)]
     body, config = rows.SHARED_BODY, Row(*config_row, Outcome.NOT_NEEDED, "config per thread")
     if not facts.config_per_thread:
@@ -241,7 +242,8 @@ def _shared_lock(row: rows.SharedLockRow, options: dict, planner: Planner, chang
         body, config = rows.SHARED_WINDOW_BODY, Row(*config_row, Outcome.PATCHED)
     for fn in functions:
         namespace = types.SimpleNamespace(
-            inner=codegen.shadow_function(fn, planner.code_for(fn)), lock=lock, window=overlay.window)
+            inner=codegen.shadow_function(fn, planner.code_for(fn)), lock=lock, per_code=per_code,
+            window=overlay.window)
         made += codegen.swap_code(row.what, fn, body, namespace)
     changes += made
     return [Row(row.what, row.where, Outcome.PATCHED), config]

@@ -355,8 +355,16 @@ class SharedLockRow:
     option: str = CONCURRENT
 
 
+# The callback's whole body holds the lock shared, and the frame's code object
+# (one compile of one function at a time, as stock: fxguard's compile-once row,
+# outside it, makes same-code threads share that compile).  A callback inside a
+# compile (a compiled function called while tracing) is a re-entry, as with
+# stock's RLock: it takes neither, so it cannot wait for a code another
+# thread's compile holds while that one waits for this one's.
 SHARED_BODY = """\
-    with {ns}.lock.shared():
+    if {ns}.lock._is_owned():
+        return {ns}.inner({call})
+    with {ns}.lock.shared(), {ns}.per_code.held(frame.f_code):
         return {ns}.inner({call})
 """
 # torch <= 2.11 (config process-wide): a compile also runs in an overlay window
@@ -365,7 +373,9 @@ SHARED_BODY = """\
 # padding, ...; torch.compile's options and mode) stays in its thread.
 # Interleaved, two compiles' patches otherwise crossed and stayed for good.
 SHARED_WINDOW_BODY = """\
-    with {ns}.lock.shared(), {ns}.window():
+    if {ns}.lock._is_owned():
+        return {ns}.inner({call})
+    with {ns}.lock.shared(), {ns}.per_code.held(frame.f_code), {ns}.window():
         return {ns}.inner({call})
 """
 COMPILE_CONFIG = ("torch._dynamo.config", "torch._inductor.config", "torch._functorch.config")

@@ -32,12 +32,14 @@ class Installed:
     rows: list[Row]
     workers: str
     code_cache: dict[str, Any]
+    compile_once: Any  # torch_support.compile_once.CompileOnce, or None
 
 
 _installed: Installed | None = None
 
 def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
-            eager_backward: bool = True, config_follows_thread: bool = True) -> dict:
+            eager_backward: bool = True, config_follows_thread: bool = True,
+            compile_once: bool = True) -> dict:
     """Make torch's trace state per-thread.  Idempotent; returns status().
 
     Every option is keyword-only and True or False (anything else: TypeError):
@@ -50,7 +52,10 @@ def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
     - ``eager_backward``: backward graphs are compiled with the forward, which
       removes the shared-GPU deadlock between compiles and the autograd worker;
     - ``config_follows_thread``: a new thread starts with a copy of its
-      starter's torch config overrides (see ``config_snapshot()``).
+      starter's torch config overrides (see ``config_snapshot()``);
+    - ``compile_once``: threads that reach the same graph while one of them
+      compiles it run that compile (where its guards pass for them) instead
+      of compiling a copy; status()["compile_once"] counts them.
 
     Raises UnsupportedTorchError, leaving torch untouched, on a torch whose
     layout fxguard does not know.  Logs what it did on the "fxguard" logger.
@@ -59,7 +64,8 @@ def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
     """
     global _installed
     chosen = _chosen(block_mask_lock=block_mask_lock, config_window_lock=config_window_lock,
-                     eager_backward=eager_backward, config_follows_thread=config_follows_thread)
+                     eager_backward=eager_backward, config_follows_thread=config_follows_thread,
+                     compile_once=compile_once)
     # torch is imported outside the lock: with FXGUARD=1 the start-up hook
     # installs as torch finishes importing, in this very thread.
     import torch  # noqa: F401
@@ -83,7 +89,7 @@ def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
             _core._configure(_core.MODE_OFF)
             raise
         _installed = Installed(facts.layout, chosen, prepared.rows, workers,
-                               dict(code_cache.last))
+                               dict(code_cache.last), prepared.compile_once)
         _log_installed(_installed.rows)
         return status()
 
@@ -232,12 +238,15 @@ def status() -> dict:
         "patch_points": [],
         "autograd_workers": None,
         "code_cache": None,
+        "compile_once": None,
         "interpreter": interpreter.report(),
     }
     if _installed is not None:
         info.update(layout=_installed.layout, options=dict(_installed.options),
                     patch_points=[r.as_dict() for r in _installed.rows],
                     autograd_workers=_installed.workers, code_cache=dict(_installed.code_cache))
+        if _installed.compile_once is not None:  # {"compiles_avoided": n, "waits": n}
+            info["compile_once"] = _installed.compile_once.counters()
     return info
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from ..machinery import codegen, originals, overlay, per_thread_patching
 from ..machinery.changes import Change, NotCovered, Outcome, Row
 from ..machinery.per_thread_globals import Planner
-from . import config, rows
+from . import compile_once, config, rows
 from .facts import MODULE_GLOBAL, TorchFacts, UnsupportedTorchError
 
 
@@ -25,6 +25,7 @@ class Prepared:
     defaults: tuple[tuple, tuple]         # slot defaults and factories for _core._configure
     initial: list[tuple[Any, str, Any]]   # (module, name, value): the installing thread's values
     carry_context: bool                   # records note their thread's Context
+    compile_once: compile_once.CompileOnce | None  # its counters, where the row is patched
 
 
 def prepare(facts: TorchFacts, options: dict[str, bool]) -> Prepared:
@@ -47,7 +48,10 @@ def prepare(facts: TorchFacts, options: dict[str, bool]) -> Prepared:
         plan_rows.append(row)
     plan_rows += [_config_default(cfg, options, changes) for cfg in rows.CONFIG_DEFAULTS]
     plan_rows += [_wrap(wrap, facts, options, planner, changes) for wrap in rows.THREADS]
-    return Prepared(changes, plan_rows, planner.defaults(), planner.initial(), carry_context)
+    row, shared = _compile_once(options, changes)
+    plan_rows.append(row)
+    return Prepared(changes, plan_rows, planner.defaults(), planner.initial(), carry_context,
+                    shared)
 
 
 def _per_thread(planner: Planner, row: Any, facts: TorchFacts) -> Row:
@@ -142,3 +146,15 @@ def _config_default(cfg: rows.ConfigDefault, options: dict, changes: list) -> Ro
         return Row(cfg.what, cfg.where, *cfg.missing)
     changes.append(Change(cfg.what, entry, "default", cfg.value))
     return Row(cfg.what, cfg.where, Outcome.PATCHED)
+
+
+def _compile_once(options: dict, changes: list) -> tuple[Row, compile_once.CompileOnce | None]:
+    what, where, option = rows.COMPILE_ONCE
+    if not options[option]:
+        return Row(what, where, Outcome.OPTION_OFF), None
+    state = compile_once.CompileOnce()
+    try:
+        changes += compile_once.changes(state)
+    except compile_once.NotAvailable as e:
+        return Row(what, where, Outcome.NOT_AVAILABLE, f"on this torch ({e})"), None
+    return Row(what, where, Outcome.PATCHED), state

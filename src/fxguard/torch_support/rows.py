@@ -8,6 +8,8 @@
 - ``WRAPPED``: functions whose code runs a body around the original (a lock, a
   window, the thread's config), identity kept (codegen.swap_code).
 - ``CONFIG_DEFAULTS``: torch config defaults changed for every thread.
+- ``COMPILE_ONCE``: threads that miss dynamo's cache together share one
+  compile (compile_once.py, a mechanism rather than a table).
 
 ``prepare.py`` turns the rows that apply to the installed torch (facts.py)
 into changes, without changing anything.
@@ -26,7 +28,8 @@ from ..machinery.per_thread_globals import FastReader, PerThread
 from ..machinery.per_thread_patching import ClassState, Patching
 from .facts import FLAG, FLAG_MODULE, TorchFacts
 
-OPTIONS = ("block_mask_lock", "config_window_lock", "eager_backward", "config_follows_thread")
+OPTIONS = ("block_mask_lock", "config_window_lock", "eager_backward", "config_follows_thread",
+           "compile_once")
 
 
 # -- per-thread globals ----------------------------------------------------------
@@ -325,3 +328,11 @@ CONFIG_DEFAULTS: tuple[ConfigDefault, ...] = (
                            "autograd worker can deadlock with another thread's compile "
                            "(README, Limits)")),
 )
+
+
+# -- one compile per graph -------------------------------------------------------
+
+# Dynamo's callback for a cache miss (and compute_cache_size): a thread that
+# missed while another compiled the same code runs that compile if its guards pass.
+COMPILE_ONCE = ("compile once", "torch._dynamo.convert_frame.CatchErrorsWrapper.__call__",
+                "compile_once")  # (what, where, option)

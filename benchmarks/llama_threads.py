@@ -1,11 +1,12 @@
 """The real client: N threads, each a small random LlamaForCausalLM with
 ``attn_implementation="flex_attention"`` (transformers), cycling sequence
 lengths from a cold cache.  Per mode (stock, one lock around every step,
-fxguard), each in a fresh process with its own inductor cache:
+fxguard, fxguard without compile once), each in a fresh process with its own
+inductor cache:
 
 - time until every thread has stepped once, and until every thread has run
   every sequence length once (all shapes compiled);
-- steps per thread, errors;
+- steps per thread, errors, graphs dynamo compiled (``unique_graphs``);
 - uncompiled flex_attention calls: transformers picks the unfused
   flex_attention whenever ``torch.compiler.is_compiling()`` reads True
   (counted at transformers' own check, which another thread's compile flips
@@ -25,7 +26,7 @@ import time
 
 import _harness
 
-MODES = ("stock", "serialized", "fxguard")
+MODES = ("stock", "serialized", "fxguard", "fxguard-no-share")
 SEQ_LENS = {"cpu": (64, 96, 128, 160), "cuda": (256, 512, 768, 1024, 1536, 2048)}
 
 
@@ -34,9 +35,9 @@ def child(mode: str, device: str, threads: int, seconds: float, out: str) -> Non
     import transformers
     from transformers.integrations import flex_attention as tf_flex
 
-    if mode == "fxguard":
+    if mode.startswith("fxguard"):
         import fxguard
-        fxguard.install()
+        fxguard.install(compile_once=mode == "fxguard")
     fallbacks = [0]
     check = tf_flex.is_torchdynamo_compiling
 
@@ -106,6 +107,7 @@ def child(mode: str, device: str, threads: int, seconds: float, out: str) -> Non
         "time_until_all_shapes_s": round(max(all_shapes.values()), 2) if len(all_shapes) == threads else None,
         "errors": len(errors), "error_kinds": sorted(set(errors))[:5],
         "uncompiled_flex_calls": fallbacks[0],
+        "graphs": int(torch._dynamo.utils.counters["stats"]["unique_graphs"]),
         "gpu_peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if train else None,
     }
     with open(out, "w") as f:

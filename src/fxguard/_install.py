@@ -33,13 +33,14 @@ class Installed:
     workers: str
     code_cache: dict[str, Any]
     concurrent: list[Row]
+    compile_once: Any  # torch_support.compile_once.CompileOnce, or None
 
 
 _installed: Installed | None = None
 
 def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
             eager_backward: bool = True, config_follows_thread: bool = True,
-            concurrent_compiles: bool = False) -> dict:
+            compile_once: bool = True, concurrent_compiles: bool = False) -> dict:
     """Make torch's trace state per-thread.  Idempotent; returns status().
 
     Every option is keyword-only and True or False (anything else: TypeError):
@@ -53,12 +54,16 @@ def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
       removes the shared-GPU deadlock between compiles and the autograd worker;
     - ``config_follows_thread``: a new thread starts with a copy of its
       starter's torch config overrides (see ``config_snapshot()``);
+    - ``compile_once``: threads that reach the same graph while one of them
+      compiles it run that compile (where its guards pass for them) instead
+      of compiling a copy; status()["compile_once"] counts them.
     - ``concurrent_compiles`` (off by default): dynamo no longer holds its
       ``compile_lock`` across a whole compile, so distinct graphs compile at
       once in several threads; what one compile keeps process-wide becomes per
       thread, one-time set-up runs once, ids and counters stay exact.
       ``status()["concurrent_compiles"]`` says whether its stress suite was run
-      on this torch.
+      on this torch.  One function's compiles still run one at a time (with
+      ``compile_once``, threads that miss together share one).
 
     Raises UnsupportedTorchError, leaving torch untouched, on a torch whose
     layout fxguard does not know.  Logs what it did on the "fxguard" logger.
@@ -68,7 +73,7 @@ def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
     global _installed
     chosen = _chosen(block_mask_lock=block_mask_lock, config_window_lock=config_window_lock,
                      eager_backward=eager_backward, config_follows_thread=config_follows_thread,
-                     concurrent_compiles=concurrent_compiles)
+                     compile_once=compile_once, concurrent_compiles=concurrent_compiles)
     # torch is imported outside the lock: with FXGUARD=1 the start-up hook
     # installs as torch finishes importing, in this very thread.
     import torch  # noqa: F401
@@ -92,7 +97,7 @@ def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
             _core._configure(_core.MODE_OFF)
             raise
         _installed = Installed(facts.layout, chosen, prepared.rows, workers,
-                               dict(code_cache.last), prepared.concurrent)
+                               dict(code_cache.last), prepared.concurrent, prepared.compile_once)
         _log_installed(_installed.rows)
         return status()
 
@@ -242,6 +247,7 @@ def status() -> dict:
         "patch_points": [],
         "autograd_workers": None,
         "code_cache": None,
+        "compile_once": None,
         "concurrent_compiles": None,
         "interpreter": interpreter.report(),
     }
@@ -251,6 +257,8 @@ def status() -> dict:
                     autograd_workers=_installed.workers, code_cache=dict(_installed.code_cache),
                     concurrent_compiles=_concurrent_status(_installed.options,
                                                            _installed.concurrent))
+        if _installed.compile_once is not None:  # {"compiles_avoided": n, "waits": n}
+            info["compile_once"] = _installed.compile_once.counters()
     return info
 
 

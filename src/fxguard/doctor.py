@@ -166,6 +166,10 @@ def report(rows: list[dict], status: dict, seconds: float, gpu: dict | None = No
         mark = p.get("reason") or ("patched" if p["patched"] else "not needed on this torch")
         lines.append(f"  {p['what']:<27} {p['where']:<58} {mark}")
     lines.append(f"autograd workers: {status['autograd_workers']}")
+    if status.get("compile_once") is not None:
+        c = status["compile_once"]
+        lines.append(f"compile once: {c['compiles_avoided']} compile(s) avoided in this process "
+                     f"(threads that ran another thread's compile), {c['waits']} wait(s)")
     lines += _notes(caught, verbose)
     lines += ["", f"result: {answer}"]
     return "\n".join(lines)

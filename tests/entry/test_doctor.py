@@ -60,3 +60,13 @@ def test_no_cell_is_cut(doctor):
         assert affected == ("yes" if race["affected"] else "no")
         assert stock == " ".join(race["stock"].split())
         assert with_fxguard.endswith(" ".join(race["with_fxguard"].split()))
+
+
+def test_doctor_shows_the_duplicate_compile_beside_the_shared_one(doctor):
+    proc, result = doctor
+    row = next((r for r in result["races"] if r["race"] == "duplicate-compile"), None)
+    if row is None:
+        pytest.skip("this torch lacks what the compile-once row needs")
+    assert row["affected"] and row["stock"].startswith("3 compiles")
+    assert row["fixed"] and row["with_fxguard"].startswith("1 compile of")
+    assert re.search(r"compile once: [1-9]\d* compile\(s\) avoided", proc.stdout)

@@ -84,13 +84,13 @@ def test_distinct_graphs_compile_at_once(way, monkeypatch):
     strict=True, reason="one function's compiles overlap")), "on"])
 def test_one_function_compiles_one_thread_at_a_time(way, monkeypatch):
     """Threads that miss the cache of one function together compile it one after
-    another (as stock; fxguard's compile-once row, where installed, makes the
-    later ones share the first's compile instead).  A's compile is held in its
+    another (as stock).  With compile_once off, A's compile is held in its
     backend; B calls the same function: B must wait (on the option's per-code
-    lock), not compile it alongside.  compile_lock a no-op: B compiles too."""
+    lock), not compile it alongside.  compile_lock a no-op: B compiles too.
+    (compile_once on: test_compile_once_concurrent.py.)"""
     from fxguard.machinery.shared_lock import _Held
     if way == "on":
-        fxguard.install(concurrent_compiles=True)
+        fxguard.install(concurrent_compiles=True, compile_once=False)
     else:
         monkeypatch.setattr(convert_frame, "compile_lock", NoLock())
     a_inside, release, seen = threading.Event(), threading.Event(), {"inside": 0, "most": 0}

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..torch_support.facts import TorchFacts
-from . import config_limit, races
+from . import config_limit, duplicate_compile, races
 from .races import RaceResult
 
 
@@ -42,4 +42,5 @@ DEMOS = (
     Demo(races.compile_vs_is_compiling),
     # Only where torch keeps config per thread: elsewhere there is nothing to follow.
     Demo(config_follows_thread, applies=lambda facts: facts.config_per_thread),
+    Demo(duplicate_compile.duplicate_compile, applies=lambda facts: duplicate_compile.available()),
 )

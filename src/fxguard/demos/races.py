@@ -167,10 +167,19 @@ def reset_stock_leftovers() -> None:
 
     Overlapping stock traces can end with the flag stuck True, a dead
     ``CURRENT_PATCHER`` (then later races raise no AssertionError: they pass
-    silently) and nn.Module's methods still patched by a finished Tracer.
+    silently), nn.Module's methods still patched by a finished Tracer, and
+    a dead export's mode on the pre-dispatch stack (one for the process): the
+    calling thread then keeps the PreDispatch key and its next HOP call fails
+    with "Current active mode ... not registered".
     """
     import torch
+    import torch._ops as ops
     import torch.fx._symbolic_trace as st
+
+    stack = vars(ops).get("_mode_stack_state_for_pre_dispatch")
+    if stack is not None and stack.count() > 0:
+        ops._mode_stack_state_for_pre_dispatch = type(stack)()
+        torch._C._dispatch_tls_set_dispatch_key_included(torch._C.DispatchKey.PreDispatch, False)
 
     names = vars(st)
     if "_is_fx_tracing_flag" in names:

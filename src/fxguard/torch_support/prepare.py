@@ -17,7 +17,7 @@ from ..machinery import (codegen, exact_counters, once, originals, overlay, per_
                          per_thread_patching, shared_lock, shared_window)
 from ..machinery.changes import Change, NotCovered, Outcome, Row
 from ..machinery.per_thread_globals import Planner
-from . import config, rows
+from . import compile_once, config, rows
 from .facts import MODULE_GLOBAL, TorchFacts, UnsupportedTorchError
 
 
@@ -29,6 +29,7 @@ class Prepared:
     initial: list[tuple[Any, str, Any]]   # (module, name, value): the installing thread's values
     carry_context: bool                   # records note their thread's Context
     concurrent: list[Row]                 # the rows of option concurrent_compiles (also in rows)
+    compile_once: compile_once.CompileOnce | None  # its counters, where the row is patched
 
 
 def prepare(facts: TorchFacts, options: dict[str, bool]) -> Prepared:
@@ -52,9 +53,11 @@ def prepare(facts: TorchFacts, options: dict[str, bool]) -> Prepared:
         plan_rows.append(row)
     plan_rows += [_config_default(cfg, options, changes) for cfg in rows.CONFIG_DEFAULTS]
     plan_rows += [_wrap(wrap, facts, options, planner, changes) for wrap in rows.THREADS]
-    concurrent += _concurrent(options, planner, changes, facts)
+    row, shared = _compile_once(options, changes)
+    plan_rows.append(row)
+    concurrent += _concurrent(options, planner, changes, facts, once_per_code=shared is not None)
     return Prepared(changes, plan_rows + concurrent, planner.defaults(), planner.initial(),
-                    carry_context, concurrent)
+                    carry_context, concurrent, shared)
 
 
 def _per_thread(planner: Planner, row: Any, facts: TorchFacts) -> Row:
@@ -151,6 +154,18 @@ def _config_default(cfg: rows.ConfigDefault, options: dict, changes: list) -> Ro
     return Row(cfg.what, cfg.where, Outcome.PATCHED)
 
 
+def _compile_once(options: dict, changes: list) -> tuple[Row, compile_once.CompileOnce | None]:
+    what, where, option = rows.COMPILE_ONCE
+    if not options[option]:
+        return Row(what, where, Outcome.OPTION_OFF), None
+    state = compile_once.CompileOnce()
+    try:
+        changes += compile_once.changes(state)
+    except compile_once.NotAvailable as e:
+        return Row(what, where, Outcome.NOT_AVAILABLE, f"on this torch ({e})"), None
+    return Row(what, where, Outcome.PATCHED), state
+
+
 # -- option concurrent_compiles --------------------------------------------------
 
 def _concurrent_per_thread(planner: Planner, row: Any, options: dict) -> Row:
@@ -166,8 +181,11 @@ def _concurrent_per_thread(planner: Planner, row: Any, options: dict) -> Row:
         return Row(what, row.where, Outcome.NOT_COVERED, str(e))
 
 
-def _concurrent(options: dict, planner: Planner, changes: list, facts: TorchFacts) -> list[Row]:
-    """The option's rows after the per-thread globals (planned with the others)."""
+def _concurrent(options: dict, planner: Planner, changes: list, facts: TorchFacts, *,
+                once_per_code: bool) -> list[Row]:
+    """The option's rows after the per-thread globals (planned with the others).
+    ``once_per_code``: the compile-once row is patched (its wait per code object
+    keeps one function's compiles one at a time)."""
     on = options[rows.CONCURRENT]
     off = Outcome.OPTION_OFF
     out = [Row("per-thread class attribute", r.where, off) for r in rows.CLASS_ATTRS] if not on \
@@ -202,7 +220,8 @@ def _concurrent(options: dict, planner: Planner, changes: list, facts: TorchFact
         more, outcome, detail = exact_counters.plan("exact counters", where)
         changes += more
         out.append(Row("exact counters", where, outcome, detail))
-    out += _shared_lock(rows.COMPILE_LOCK, options, planner, changes, facts)  # last: the lock opens
+    out += _shared_lock(rows.COMPILE_LOCK, options, planner, changes, facts,  # last: the lock opens
+                        per_code=not once_per_code)
     return out
 
 
@@ -217,9 +236,10 @@ def _class_attrs(planner: Planner, changes: list) -> list[Row]:
 
 
 def _shared_lock(row: rows.SharedLockRow, options: dict, planner: Planner, changes: list,
-                 facts: TorchFacts) -> list[Row]:
+                 facts: TorchFacts, *, per_code: bool) -> list[Row]:
     """The lock becomes a SharedLock; the functions hold it shared for their
-    whole body (where config is process-wide, in an overlay window too)."""
+    whole body (where config is process-wide, in an overlay window too; with
+    ``per_code``, the frame's code object's lock too)."""
     config_row = "config per compile", ", ".join(rows.COMPILE_CONFIG)
     if not options[row.option]:
         return [Row(row.what, row.where, Outcome.OPTION_OFF), Row(*config_row, Outcome.OPTION_OFF)]
@@ -234,15 +254,17 @@ def _shared_lock(row: rows.SharedLockRow, options: dict, planner: Planner, chang
     if None in functions or any("frame" not in fn.__code__.co_varnames[:fn.__code__.co_argcount]
                                 for fn in functions):
         return [Row(row.what, row.where, Outcome.NOT_AVAILABLE)]
-    lock, per_code = shared_lock.SharedLock(), shared_lock.KeyedLock()
+    lock, keyed = shared_lock.SharedLock(), shared_lock.KeyedLock() if per_code else None
     made = [Change(row.what, owner, name, lock)]
-    body, config = rows.SHARED_BODY, Row(*config_row, Outcome.NOT_NEEDED, "config per thread")
+    held, config = rows.PER_CODE_HELD if per_code else "", Row(*config_row, Outcome.NOT_NEEDED,
+                                                               "config per thread")
     if not facts.config_per_thread:
         made += _overlay_every_entry(config_row[0])
-        body, config = rows.SHARED_WINDOW_BODY, Row(*config_row, Outcome.PATCHED)
+        held, config = held + rows.WINDOW_HELD, Row(*config_row, Outcome.PATCHED)
+    body = rows.SHARED_BODY.replace("{held}", held)
     for fn in functions:
         namespace = types.SimpleNamespace(
-            inner=codegen.shadow_function(fn, planner.code_for(fn)), lock=lock, per_code=per_code,
+            inner=codegen.shadow_function(fn, planner.code_for(fn)), lock=lock, per_code=keyed,
             window=overlay.window)
         made += codegen.swap_code(row.what, fn, body, namespace)
     changes += made

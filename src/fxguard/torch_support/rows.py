@@ -8,6 +8,8 @@
 - ``WRAPPED``: functions whose code runs a body around the original (a lock, a
   window, the thread's config), identity kept (codegen.swap_code).
 - ``CONFIG_DEFAULTS``: torch config defaults changed for every thread.
+- ``COMPILE_ONCE``: threads that miss dynamo's cache together share one
+  compile (compile_once.py, a mechanism rather than a table).
 - ``CONCURRENT``: what option ``concurrent_compiles`` (off by default) does:
   dynamo's compile_lock no longer held across a whole compile, one compile's
   state per thread, one-time set-up once, ids and counters exact.
@@ -34,7 +36,7 @@ from ..machinery.per_thread_patching import ClassState, Patching
 from .facts import FLAG, FLAG_MODULE, TorchFacts
 
 OPTIONS = ("block_mask_lock", "config_window_lock", "eager_backward", "config_follows_thread",
-           "concurrent_compiles")
+           "compile_once", "concurrent_compiles")
 OFF_BY_DEFAULT = ("concurrent_compiles",)  # every other option is on unless turned off
 
 
@@ -336,6 +338,14 @@ CONFIG_DEFAULTS: tuple[ConfigDefault, ...] = (
 )
 
 
+# -- one compile per graph -------------------------------------------------------
+
+# Dynamo's callback for a cache miss (and compute_cache_size): a thread that
+# missed while another compiled the same code runs that compile if its guards pass.
+COMPILE_ONCE = ("compile once", "torch._dynamo.convert_frame.CatchErrorsWrapper.__call__",
+                "compile_once")  # (what, where, option)
+
+
 # -- concurrent compiles (option concurrent_compiles, off by default) ----------------
 # What crosses threads once compiles overlap, per torch: tools/compile_globals/FINDINGS.md
 # (tools/compile_globals.py lists and classifies every global the compiler writes).
@@ -355,29 +365,29 @@ class SharedLockRow:
     option: str = CONCURRENT
 
 
-# The callback's whole body holds the lock shared, and the frame's code object
-# (one compile of one function at a time, as stock: fxguard's compile-once row,
-# outside it, makes same-code threads share that compile).  A callback inside a
-# compile (a compiled function called while tracing) is a re-entry, as with
-# stock's RLock: it takes neither, so it cannot wait for a code another
+# The callback's whole body holds the lock shared.  One function's compiles
+# still run one at a time, as stock: three threads compiling one graph at once
+# deadlocked in torch (grad-accumulator mutex against the GIL under anomaly
+# mode).  Where the compile-once row is patched, its wait per code object (it
+# wraps this callback, outside the lock) is what keeps them one at a time, and
+# the threads that missed together share that compile; with it off, the
+# callback also holds a lock per code object (PER_CODE_HELD).  A callback
+# inside a compile (a compiled function called while tracing) is a re-entry,
+# as with stock's RLock: it takes neither, so it cannot wait for a code another
 # thread's compile holds while that one waits for this one's.
 SHARED_BODY = """\
     if {ns}.lock._is_owned():
         return {ns}.inner({call})
-    with {ns}.lock.shared(), {ns}.per_code.held(frame.f_code):
+    with {ns}.lock.shared(){held}:
         return {ns}.inner({call})
 """
+PER_CODE_HELD = ", {ns}.per_code.held(frame.f_code)"
 # torch <= 2.11 (config process-wide): a compile also runs in an overlay window
 # (machinery.overlay) over every entry of these config modules, so that its
 # `with config.patch(...)` (inductor's own: inplace_buffers, unroll thresholds,
 # padding, ...; torch.compile's options and mode) stays in its thread.
 # Interleaved, two compiles' patches otherwise crossed and stayed for good.
-SHARED_WINDOW_BODY = """\
-    if {ns}.lock._is_owned():
-        return {ns}.inner({call})
-    with {ns}.lock.shared(), {ns}.per_code.held(frame.f_code), {ns}.window():
-        return {ns}.inner({call})
-"""
+WINDOW_HELD = ", {ns}.window()"
 COMPILE_CONFIG = ("torch._dynamo.config", "torch._inductor.config", "torch._functorch.config")
 
 # Dynamo's frame callback holds compile_lock (with _disable_current_modes())

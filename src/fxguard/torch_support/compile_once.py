@@ -1,0 +1,381 @@
+"""Compile once: threads that reach the same graph share one compile.
+
+Stock dynamo: the C eval-frame hook looks a frame's code object up in its
+cache; on a miss it calls the Python callback (``CatchErrorsWrapper.__call__``),
+which waits for ``compile_lock`` and compiles.  Nothing looks at the cache
+again once the lock is held, so threads that missed together compile the same
+graph one after another, and every copy is a cache entry counted against
+``recompile_limit``.
+
+``changes(state)`` wraps that callback and ``compute_cache_size``:
+
+1. a thread entering the callback while another thread is inside it for the
+   same code object waits (GIL released) until that thread is done, so there is
+   one compile per code object at a time whatever ``compile_lock`` does;
+2. then (on every miss) it checks the frame's guards, from Python, against the
+   code object's cache entries and against results compiled but not yet in
+   the cache (C inserts an entry only after the callback has returned and
+   released ``compile_lock``);
+3. if one passes, the callback answers with that compile's code and a
+   *stand-in* guard manager whose guards never pass.  C makes the stand-in a
+   cache entry and runs the compiled code for this call (a strategy without
+   code would run the frame eager); later calls hit the real entry, so the
+   stand-in is never run again.  The wrapped ``compute_cache_size`` leaves
+   stand-ins out, so they cost no recompile budget;
+4. otherwise it compiles as stock torch does and publishes the result to the
+   threads waiting for it; a compile that raises or gives no code publishes
+   nothing, and they compile themselves.
+
+Nested callbacks (a compile that runs another compiled function) and threads
+holding ``compile_lock`` take the stock path: waiting there could deadlock.
+Nothing here knows the rest of fxguard; ``changes`` only builds the changes
+(install() applies them: the "compile once" row, option ``compile_once``).
+
+Per torch (found at install, each a layout the tests ran on): the callback
+returns a ConvertFrameReturn (``wrap_guarded_code``) or, on 2.5, a GuardedCode
+whose guards are ``check_fn``; cache entries are listed per isolate-recompiles
+region (2.13+; own region, then the default one, as C's lookup does) or for the
+whole code object; ``compute_cache_size`` takes that list (2.13+) or the head
+of a linked list.  2.5's CacheEntry does not show its backend: there an entry
+is reused only if its compile was published here, with its backend.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import types
+import weakref
+from typing import Any, Callable
+
+from ..machinery.changes import Change
+
+LABEL = "compile once"
+_MISSING = object()
+_KEEP_PUBLISHED = 8  # results per code object kept until C has them in its cache
+
+
+class NotAvailable(RuntimeError):
+    """This torch lacks a piece the mechanism needs; nothing was changed."""
+
+
+class CompileOnce:
+    """State of one install: who is inside the callback for which code object,
+    results published but maybe not yet in dynamo's cache, and counters."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._busy: dict[types.CodeType, int] = {}        # code -> thread ident
+        self._published: dict[types.CodeType, list[tuple[Any, Any]]] = {}  # (backend, GuardedCode)
+        self._nested = threading.local()
+        self._backends: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # guard -> backend
+        self.compiles_avoided = 0  # waiters that ran another thread's compile
+        self.waits = 0             # callbacks that waited for another thread's
+
+    def counters(self) -> dict[str, int]:
+        with self._cond:
+            return {"compiles_avoided": self.compiles_avoided, "waits": self.waits}
+
+
+@dataclasses.dataclass
+class _Torch:
+    """The pieces of this torch the mechanism uses, found once at install()."""
+    convert_frame: types.ModuleType
+    callback_cls: type
+    callback_call: Callable
+    compute_cache_size: Callable
+    backend_attr: str
+    guard_attr: str                      # GuardedCode's / CacheEntry's guard field
+    guarded_code: type
+    wrap: Callable[[Any], Any]           # GuardedCode -> what the callback returns
+    unwrap: Callable[[Any], Any]         # callback result -> GuardedCode | None
+    entries: Callable[[types.CodeType], list]
+    all_entries: Callable[[types.CodeType], list]
+    standin_cls: type
+    deleted_cls: type | None
+
+
+def changes(state: CompileOnce) -> list[Change]:
+    """The changes that put the mechanism in.  Raises NotAvailable, changing
+    nothing, on a torch without the layout it knows."""
+    t = _find_torch()
+    call = _make_callback(state, t)
+    ccs = _make_compute_cache_size(t)
+    return [Change(LABEL, t.callback_cls, "__call__", call),
+            Change(LABEL, t.convert_frame, "compute_cache_size", ccs)]
+
+
+def _find_torch() -> _Torch:
+    import torch  # noqa: F401
+    try:
+        from torch._dynamo import convert_frame, eval_frame, guards
+        from torch._dynamo import types as dtypes
+    except ImportError as e:  # pragma: no cover - every claimed torch has these
+        raise NotAvailable(f"torch._dynamo layout: {e}") from None
+    need = ("CatchErrorsWrapper", "compile_lock", "compute_cache_size", "output_codes")
+    missing = [n for n in need if not hasattr(convert_frame, n)]
+    if missing:
+        raise NotAvailable(f"torch._dynamo.convert_frame has no {', '.join(missing)}")
+    cls = convert_frame.CatchErrorsWrapper
+    call = cls.__dict__.get("__call__")
+    if not isinstance(call, types.FunctionType):
+        raise NotAvailable("CatchErrorsWrapper.__call__ is not a plain function")
+    if getattr(call, "_fxguard_compile_once", False):
+        raise RuntimeError("compile_once is installed already: revert its changes first")
+    init_names = cls.__init__.__code__.co_names
+    backend_attr = next((a for a in ("_torchdynamo_orig_backend", "_torchdynamo_orig_callable")
+                         if a in init_names), None)
+    if backend_attr is None:
+        raise NotAvailable("CatchErrorsWrapper keeps its callback under an unknown name")
+
+    guarded_code = getattr(dtypes, "GuardedCode", None) or getattr(guards, "GuardedCode", None)
+    if guarded_code is None or not dataclasses.is_dataclass(guarded_code):
+        raise NotAvailable("no GuardedCode dataclass")
+    fields = {f.name for f in dataclasses.fields(guarded_code)}
+    guard_attr = next((a for a in ("guard_manager", "check_fn") if a in fields), None)
+    if guard_attr is None or "code" not in fields:
+        raise NotAvailable(f"GuardedCode has fields {sorted(fields)}")
+    wrap_fn = getattr(dtypes, "wrap_guarded_code", None)
+    if wrap_fn is not None:
+        wrap, unwrap = wrap_fn, lambda r: getattr(r, "guarded_code", None)
+    else:  # the callback returns a GuardedCode or None
+        wrap = lambda g: g  # noqa: E731
+        unwrap = lambda r: r if isinstance(r, guarded_code) else None  # noqa: E731
+
+    ef = torch._C._dynamo.eval_frame
+    if hasattr(ef, "_get_cache_entries_for_region"):
+        region_of = ef.get_eval_frame_isolate_recompiles_id
+        by_region = ef._get_cache_entries_for_region
+
+        def entries(code: types.CodeType) -> list:
+            """The entries C's lookup searches, in its order: own region, then default."""
+            rid = region_of()
+            found = list(by_region(code, rid))
+            return found + list(by_region(code, -1)) if rid >= 0 else found
+    elif hasattr(eval_frame, "_debug_get_cache_entry_list"):
+        entries = eval_frame._debug_get_cache_entry_list
+    else:
+        raise NotAvailable("no way to list a code object's cache entries")
+    all_entries = eval_frame._debug_get_cache_entry_list
+
+    deleted = getattr(guards, "DeletedGuardManagerWrapper", None)
+    base = deleted or next((c for c in (getattr(guards, n, None) for n in (
+        "GuardManagerWrapper", "GuardManager")) if isinstance(c, type)
+        and c.__module__ == guards.__name__), None)  # torch <= 2.5: GuardManager
+    if base is None:
+        raise NotAvailable("no guard manager wrapper class to build a stand-in from")
+    deleted = deleted or getattr(guards, "DeletedGuardFn", None)  # torch <= 2.5: a marker
+    standin = _standin_class(base, getattr(guards, "DeletedGuardManagerWrapper", None))
+    if not hasattr(convert_frame.compile_lock, "_is_owned"):
+        raise NotAvailable("compile_lock cannot tell whether this thread holds it")
+    return _Torch(convert_frame, cls, call, convert_frame.compute_cache_size, backend_attr,
+                  guard_attr, guarded_code, wrap, unwrap, entries, all_entries, standin,
+                  deleted)
+
+
+def _never(_: object) -> bool:
+    return False
+
+
+def _standin_class(base: type, deleted: type | None) -> type:
+    class SharedCompileStandIn(base):  # type: ignore[misc, valid-type]
+        """Guard manager of the cache entry C makes for a thread that ran another
+        thread's compile: its guards never pass, so C runs it only for the call
+        that made it; compute_cache_size leaves it out."""
+
+        def __init__(self, reason: str) -> None:
+            if deleted is not None:
+                super().__init__(reason)
+            else:  # torch without DeletedGuardManagerWrapper: what reason-finding reads
+                super().__init__()
+                self.invalidation_reason = reason
+                self.global_scope = {"G": {}}
+                self.closure_vars = {"___check_tensors_verbose": None}
+                self.verbose_code_parts = [repr(reason)]  # eval'd where guards are Python
+            self.id_matched_objs = {}
+            try:
+                self.root.add_lambda_guard(_never, [reason], None)
+            except TypeError:  # torch without the user-stack argument
+                self.root.add_lambda_guard(_never, [reason])
+
+        def check(self, x: Any) -> bool:
+            return False
+
+    SharedCompileStandIn._fxguard_compile_once_stand_in = True
+    return SharedCompileStandIn
+
+
+def is_stand_in(entry: Any) -> bool:
+    """A cache entry (or guard manager) the mechanism made for a thread that ran
+    another thread's compile: it never matches and counts against no limit."""
+    guard = getattr(entry, "guard_manager", None) or getattr(entry, "check_fn", None) or entry
+    return getattr(type(guard), "_fxguard_compile_once_stand_in", False)
+
+
+def _guard_of(obj: Any, t: _Torch) -> Any:
+    return getattr(obj, t.guard_attr, None)
+
+
+def _passes(guard: Any, f_locals: dict) -> bool:
+    """The frame's locals pass these guards (what C's lookup asks, from Python)."""
+    try:
+        check = getattr(guard, "check", None)
+        return bool(check(f_locals) if check is not None else guard(f_locals))
+    except Exception:  # a guard that cannot be evaluated here: compile, as stock would
+        return False
+
+
+def _same_backend(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:
+        return False
+
+
+def _backend_of(callback: Any, attr: str) -> Any:
+    """What C's get_backend() finds: the end of the callback chain."""
+    while True:
+        inner = getattr(callback, attr, _MISSING)
+        if inner is _MISSING:
+            return callback
+        callback = inner
+
+
+def _make_callback(state: CompileOnce, t: _Torch) -> Callable:
+    original = t.callback_call
+    cond, busy, published, nested = state._cond, state._busy, state._published, state._nested
+    backends = state._backends
+    output_codes = t.convert_frame.output_codes  # dynamo's compiled code; reset() clears it
+    get_ident = threading.get_ident
+
+    def find(frame: Any, backend: Any) -> tuple[Any, Any, Any] | None:
+        """(code, compile_id, trace_annotation) of a compile whose guards this
+        frame passes: published ones first (maybe not in the cache yet)."""
+        code = frame.f_code
+        f_locals = None
+        mine = published.get(code)
+        if mine:
+            hit = None
+            for entry in list(mine):
+                b, g = entry
+                guard = _guard_of(g, t)
+                if getattr(guard, "cache_entry", None) is not None or g.code not in output_codes:
+                    mine.remove(entry)  # in C's cache now (listed below), or reset() forgot it
+                    continue
+                if hit is None and _same_backend(b, backend):
+                    f_locals = frame.f_locals if f_locals is None else f_locals
+                    if not _passes(guard, f_locals):
+                        continue
+                    hit = (g.code, getattr(g, "compile_id", None),
+                           getattr(g, "trace_annotation", "Unknown"))
+            if not mine:
+                del published[code]
+            if hit is not None:
+                return hit
+        for e in t.entries(code):
+            guard = _guard_of(e, t)
+            if (e.code is None or is_stand_in(guard) or guard is None or guard is t.deleted_cls
+                    or (t.deleted_cls is not None and isinstance(guard, t.deleted_cls))):
+                continue  # a stand-in or an invalidated entry
+            made_by = getattr(e, "backend", _MISSING)
+            if made_by is _MISSING:  # torch <= 2.5 does not show it: known if published here
+                made_by = backends.get(guard, _MISSING)
+            if made_by is _MISSING or not _same_backend(made_by, backend):
+                continue
+            f_locals = frame.f_locals if f_locals is None else f_locals
+            if _passes(guard, f_locals):
+                return (e.code, getattr(e, "compile_id", None),
+                        getattr(e, "trace_annotation", "Unknown"))
+        return None
+
+    def reuse(found: tuple[Any, Any, Any]) -> Any:
+        code, compile_id, annotation = found
+        standin = t.standin_cls(f"fxguard compile once: ran compile {compile_id} of another "
+                                "thread (never matches)")
+        kwargs = {"code": code, t.guard_attr: standin}
+        names = {f.name for f in dataclasses.fields(t.guarded_code)}
+        if "compile_id" in names:
+            kwargs["compile_id"] = compile_id
+        if "trace_annotation" in names and annotation is not None:
+            kwargs["trace_annotation"] = annotation
+        return t.wrap(t.guarded_code(**kwargs))
+
+    convert_frame = t.convert_frame
+
+    def __call__(self: Any, frame: Any, cache_entry: Any, frame_state: Any) -> Any:
+        owned = getattr(convert_frame.compile_lock, "_is_owned", None)  # read as torch does
+        if getattr(nested, "depth", 0) or (owned is not None and owned()):
+            return original(self, frame, cache_entry, frame_state)  # inside a compile: stock
+        code = frame.f_code
+        backend = _backend_of(self, t.backend_attr)
+        with cond:
+            if code in busy:
+                state.waits += 1
+                while code in busy:
+                    cond.wait()
+            found = find(frame, backend)
+            if found is not None:
+                state.compiles_avoided += 1
+                return reuse(found)
+            busy[code] = get_ident()
+        nested.depth = 1
+        result = None
+        try:
+            result = original(self, frame, cache_entry, frame_state)
+            return result
+        finally:
+            nested.depth = 0
+            with cond:
+                del busy[code]
+                g = t.unwrap(result)
+                if g is not None and not is_stand_in(_guard_of(g, t)):
+                    mine = published.setdefault(code, [])
+                    mine.append((backend, g))
+                    try:
+                        backends[_guard_of(g, t)] = backend
+                    except TypeError:  # not weak-referenceable: entries show their backend
+                        pass
+                    del mine[:-_KEEP_PUBLISHED]
+                cond.notify_all()
+
+    __call__.__qualname__ = f"{t.callback_cls.__qualname__}.__call__"
+    __call__.__doc__ = original.__doc__
+    __call__.__wrapped__ = original  # type: ignore[attr-defined]
+    __call__._fxguard_compile_once = True  # type: ignore[attr-defined]
+    return __call__
+
+
+def _make_compute_cache_size(t: _Torch) -> Callable:
+    """compute_cache_size without stand-ins: they cost no recompile budget."""
+    original = t.compute_cache_size
+
+    def compute_cache_size(frame: Any, cache_entries: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(cache_entries, list):  # torch >= 2.13: (frame, entries, total)
+            kept = [e for e in cache_entries if not is_stand_in(e)]
+            if len(kept) == len(cache_entries):
+                return original(frame, cache_entries, *args, **kwargs)
+            gone = sum(map(is_stand_in, t.all_entries(frame.f_code)))
+            if args:
+                args = (max(0, args[0] - gone),) + args[1:]
+            elif "total_cache_entries_all_regions" in kwargs:
+                kwargs["total_cache_entries_all_regions"] = max(
+                    0, kwargs["total_cache_entries_all_regions"] - gone)
+            return original(frame, kept, *args, **kwargs)
+        size = original(frame, cache_entries, *args, **kwargs)  # a linked list from its head
+        gone = 0
+        entry = cache_entries
+        while entry is not None:
+            gone += is_stand_in(entry)
+            entry = entry.next() if callable(getattr(entry, "next", None)) else getattr(
+                entry, "next", None)
+        if not gone:
+            return size
+        return dataclasses.replace(
+            size, num_cache_entries=size.num_cache_entries - gone,
+            num_cache_entries_with_same_id_matched_objs=(
+                size.num_cache_entries_with_same_id_matched_objs - gone))
+
+    compute_cache_size.__doc__ = original.__doc__
+    compute_cache_size.__wrapped__ = original  # type: ignore[attr-defined]
+    return compute_cache_size

@@ -209,8 +209,9 @@ def _reset_overlapping_compile_leftovers() -> None:
             ("torch.compiler", "_is_compiling_flag", False),
             ("torch._dynamo.convert_frame", "initial_global_state", None)):
         names = vars(sys.modules[module]) if module in sys.modules else {}
-        if name in names and (names[name] is None or isinstance(names[name], bool)):
-            names[name] = value
+        if name in names and (names[name] is None or isinstance(names[name], bool)
+                              or type(names[name]).__name__ == "GlobalStateGuard"):
+            names[name] = value  # a compile's GlobalStateGuard: two overlapping ones leave one
     convert_frame = sys.modules.get("torch._dynamo.convert_frame")
     graph_module = sys.modules.get("torch.fx.graph_module")
     if convert_frame is not None and graph_module is not None and \

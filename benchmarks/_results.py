@@ -102,6 +102,8 @@ def _stall_setup(r: dict) -> str:
 
 STALL = [
     ("setup", _stall_setup),
+    ("GIL", lambda r: "/".join(sorted({"off" if m.get("gil_enabled") is False else "on"
+                                       for m in r["modes"].values()}))),
     ("ratio: stock / serialized / fxguard", lambda r: modes(r, STALL_MODES, "ratio")),
     ("fxguard ÷ stock", lambda r: ratio(r.get("fxguard_ratio_vs_stock"))),
     ("warm steps during compiles", lambda r: modes(r, STALL_MODES, "warm_steps_during_compiles", text)),

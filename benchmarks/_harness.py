@@ -22,6 +22,7 @@ import platform
 import re
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 from pathlib import Path
@@ -105,7 +106,7 @@ def envelope(benchmark: str, *, import_torch: bool = False, torch_version: str |
     if gpus:
         machine.update(gpu=gpus[0], gpus=len(gpus))
     return {"benchmark": benchmark, "date": datetime.date.today().isoformat(), "machine": machine,
-            "python": platform.python_version(),
+            "python": platform.python_version() + ("t" if sysconfig.get_config_var("Py_GIL_DISABLED") else ""),
             "torch": str(torch.__version__) if torch is not None else torch_version,
             "fxguard": _fxguard_version(), "commit": _commit()}
 

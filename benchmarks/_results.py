@@ -64,7 +64,15 @@ def _ratios(*columns: tuple[str, str]):
 
 CC_MODES = ("stock", "always-false", "serialized", "fxguard")
 STALL_MODES = ("stock", "serialized", "fxguard")
-LLAMA_MODES = ("stock", "serialized", "fxguard")
+LLAMA_MODES = ("stock", "serialized", "fxguard", "fxguard-no-share")
+ONCE_MODES = ("processes", "threads", "fxguard-no-share", "fxguard", "one-lock")
+
+
+def _once_ratio(base: str, key: str):
+    def figure(r: dict) -> str:
+        got = r["ratios"].get(f"vs {base}", {}).get("fxguard", {}).get(key)
+        return ratio(got and got["median"])
+    return figure
 
 
 def _steps_vs_serialized(r: dict) -> str:
@@ -94,6 +102,8 @@ def _stall_setup(r: dict) -> str:
 
 STALL = [
     ("setup", _stall_setup),
+    ("GIL", lambda r: "/".join(sorted({"off" if m.get("gil_enabled") is False else "on"
+                                       for m in r["modes"].values()}))),
     ("ratio: stock / serialized / fxguard", lambda r: modes(r, STALL_MODES, "ratio")),
     ("fxguard ÷ stock", lambda r: ratio(r.get("fxguard_ratio_vs_stock"))),
     ("warm steps during compiles", lambda r: modes(r, STALL_MODES, "warm_steps_during_compiles", text)),
@@ -148,6 +158,14 @@ HEADLINES = {
         ("cold on ÷ off", lambda r: ratio((r.get("cold") or {}).get("ratio_on_vs_off"))),
         ("errors, wrong results", lambda r: f"{r['warm']['errors']}, {r['warm']['wrong_results']}"),
     ],
+    "compile_once": [
+        ("device, rounds", lambda r: f"{_device(r)}, {r['settings']['repeat']}"),
+        ("every thread stepped: fxguard ÷ processes", _once_ratio("processes", "all_stepped_s")),
+        ("÷ one lock", _once_ratio("one-lock", "all_stepped_s")),
+        ("through every length ÷ processes", _once_ratio("processes", "all_through_s")),
+        ("graphs: " + " / ".join(ONCE_MODES),
+         lambda r: modes(r, ONCE_MODES, lambda m: m["graphs"][0], text)),
+    ],
     "eager_backward_cost": [("device", _device)] + [
         (column, lambda r, c=case, k=key: ratio(r["seconds"][f"{c} eager"][k] / r["seconds"][f"{c} lazy"][k]))
         for column, case, key in (("first forward (compile)", "train", "forward_s"),
@@ -167,6 +185,7 @@ HEADLINES = {
          lambda r: modes(r, LLAMA_MODES, "time_until_all_stepped_s")),
         ("fxguard ÷ serialized", lambda r: ratio(r.get("fxguard_vs_serialized_time_until_all_stepped"))),
         ("all shapes s", lambda r: modes(r, LLAMA_MODES, "time_until_all_shapes_s")),
+        ("graphs", lambda r: modes(r, LLAMA_MODES, "graphs", text)),
         ("uncompiled flex calls", lambda r: modes(r, LLAMA_MODES, "uncompiled_flex_calls", text)),
         ("errors", lambda r: modes(r, LLAMA_MODES, "errors", text)),
     ],

@@ -12,7 +12,9 @@ and compile, fxguard), each in a fresh process:
   True in a warm thread, which makes transformers pick uncompiled flex).
 
 The GIL caps a warm thread while another compiles, stock torch included, so
-fxguard is judged against stock's own ratio.
+fxguard is judged against stock's own ratio.  On a free-threaded Python the
+children inherit ``PYTHON_GIL`` (``PYTHON_GIL=0``: the GIL off, although
+triton's import would turn it on); each mode reports whether it ran with it.
 
     python benchmarks/compile_stall.py [--device cuda] [--threads 3] [--json out.json] [--save]
 
@@ -120,6 +122,7 @@ def child(mode: str, device: str, threads: int, compiles: int, solo_s: float, ou
         "longest_wait_s": round(max(gaps(*window), default=window[1] - window[0]), 4),
         "compile_seconds": [round(s, 2) for s in compile_seconds],
         "errors": len(errors), "error_kinds": sorted(set(errors))[:5], "is_compiling_leaks": leaks[0],
+        "gil_enabled": getattr(sys, "_is_gil_enabled", lambda: True)(),  # at the end: triton may turn it on
     }
     with open(out, "w") as f:
         json.dump(result, f)

@@ -24,6 +24,7 @@ import pytest
 import torch
 
 import fxguard
+from fxguard.demos.duplicate_compile import callback_codes, in_callback
 from fxguard.torch_support import compile_once
 
 N = 3
@@ -127,26 +128,6 @@ class Backend:
                     assert got[3] == want[3] and not got[4], f"{where}: static entry, {got}"
 
 
-def _callback_codes() -> set:
-    """Code objects of dynamo's Python callback, stock and wrapped."""
-    from torch._dynamo import convert_frame
-    call = convert_frame.CatchErrorsWrapper.__call__
-    codes = {call.__code__}
-    while hasattr(call, "__wrapped__"):
-        call = call.__wrapped__
-        codes.add(call.__code__)
-    return codes
-
-
-def _in_callback(thread: threading.Thread, codes: set) -> bool:
-    frame = sys._current_frames().get(thread.ident)
-    while frame is not None:
-        if frame.f_code in codes:
-            return True
-        frame = frame.f_back
-    return False
-
-
 def run_held(backend: Backend, targets: list[Callable[[], Any]]) -> dict[str, Any]:
     """Run each target in its own thread, released together by a Barrier; keep
     this round's compiles held until every thread is inside dynamo's callback or
@@ -164,13 +145,13 @@ def run_held(backend: Backend, targets: list[Callable[[], Any]]) -> dict[str, An
 
     threads = [threading.Thread(target=work, args=(t,), name=f"t{i}", daemon=True)
                for i, t in enumerate(targets)]
-    codes = _callback_codes()
+    codes = callback_codes()
     for t in threads:
         t.start()
     deadline = time.monotonic() + HANG
     while True:
         waiting = [t for t in threads if t.is_alive()]
-        if all(_in_callback(t, codes) for t in waiting) and (not waiting or backend.held):
+        if all(in_callback(t, codes) for t in waiting) and (not waiting or backend.held):
             break
         assert time.monotonic() < deadline, "threads never reached dynamo's callback"
         time.sleep(0.005)

@@ -18,7 +18,7 @@ def available() -> bool:
     return True
 
 
-def _callback_codes() -> set:
+def callback_codes() -> set:
     """Code objects of dynamo's cache-miss callback, as it is now and beneath."""
     from torch._dynamo import convert_frame
     call = convert_frame.CatchErrorsWrapper.__call__
@@ -29,7 +29,7 @@ def _callback_codes() -> set:
     return codes
 
 
-def _in_callback(thread: threading.Thread, codes: set) -> bool:
+def in_callback(thread: threading.Thread, codes: set) -> bool:
     frame = sys._current_frames().get(thread.ident)
     while frame is not None and frame.f_code not in codes:
         frame = frame.f_back
@@ -44,13 +44,13 @@ def duplicate_compile(threads: int = 3) -> RaceResult:
     torch._dynamo.reset()
     compiles: list[str] = []
     workers: list[threading.Thread] = []
-    codes = _callback_codes()
+    codes = callback_codes()
 
     def backend(gm, example_inputs):
         compiles.append(threading.current_thread().name)
         if len(compiles) == 1:  # hold the first compile until the others missed too
             me, deadline = threading.current_thread(), time.monotonic() + TIMEOUT
-            while not all(t is me or not t.is_alive() or _in_callback(t, codes) for t in workers):
+            while not all(t is me or not t.is_alive() or in_callback(t, codes) for t in workers):
                 if time.monotonic() > deadline:
                     raise TimeoutError("the other threads never reached dynamo's callback")
                 time.sleep(0.005)

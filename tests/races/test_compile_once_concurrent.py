@@ -13,6 +13,8 @@ option takes no lock per code object of its own then.
 - N cold functions, one per thread: every compile is inside its backend at the
   same moment.  compile_once without concurrent_compiles: they wait for
   compile_lock one after another (strict xfail).
+- test_compile_once.py's scenarios (guards that differ, recompile_limit, failed
+  compiles) with both options on (their guard-off runs are there).
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import pytest
 import torch
 import torch._dynamo.convert_frame as convert_frame
 from guarded import run_together, wait_until
+import test_compile_once as once_tests
 from test_compile_once import Backend, real_entries, run_held
 
 import fxguard
@@ -157,6 +160,30 @@ def test_distinct_graphs_still_compile_at_once(way, monkeypatch):
             assert compiled is True, f"function {i} ran eager"
         assert fxguard.status()["compile_once"]["compiles_avoided"] == 0
         assert seen["most"] == N, f"at most {seen['most']} of {N} compiles at once"
+    finally:
+        fxguard.uninstall()
+        torch._dynamo.reset()
+
+
+_VARIANTS = {"dtype": once_tests._variant_dtype, "requires_grad": once_tests._variant_requires_grad,
+             "grad_mode": once_tests._variant_grad_mode,
+             "dynamic_mark": once_tests._variant_dynamic_mark, "backend": "backend"}
+_SCENARIOS = {
+    **{f"guards differ: {k}": (lambda mode, request, v=v: once_tests.test_guards_still_separate(
+        mode, v)) for k, v in _VARIANTS.items()},
+    "recompile_limit": once_tests.test_recompile_limit_not_eaten_by_copies,
+    "failed compile": lambda mode, request: (
+        once_tests.test_failed_compile_each_waiter_compiles_and_sees_its_own_error(mode)),
+    "after a failed compile": lambda mode, request: (
+        once_tests.test_after_a_failed_compile_the_next_one_is_shared(mode)),
+}
+
+
+@pytest.mark.parametrize("scenario", list(_SCENARIOS))
+def test_compile_once_scenarios_with_concurrent_compiles(scenario, request):
+    _install("both")
+    try:
+        _SCENARIOS[scenario](once_tests.Mode("on"), request)
     finally:
         fxguard.uninstall()
         torch._dynamo.reset()

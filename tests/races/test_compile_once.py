@@ -24,7 +24,7 @@ import pytest
 import torch
 
 import fxguard
-from fxguard.demos.duplicate_compile import callback_codes, in_callback
+from fxguard.demos.duplicate_compile import CallbackWatch
 from fxguard.torch_support import compile_once
 
 N = 3
@@ -133,25 +133,27 @@ def run_held(backend: Backend, targets: list[Callable[[], Any]]) -> dict[str, An
     this round's compiles held until every thread is inside dynamo's callback or
     done.  Returns each thread's result or exception, by thread name."""
     backend.gate = threading.Event()
-    barrier = threading.Barrier(len(targets))
+    barrier, watch = threading.Barrier(len(targets)), CallbackWatch()
     out: dict[str, Any] = {}
 
     def work(target: Callable[[], Any]) -> None:
         barrier.wait()
         try:
+            watch.arm()
             out[threading.current_thread().name] = target()
         except Exception as e:  # noqa: BLE001 - handed to the test
             out[threading.current_thread().name] = e
+        finally:
+            watch.disarm()
 
     threads = [threading.Thread(target=work, args=(t,), name=f"t{i}", daemon=True)
                for i, t in enumerate(targets)]
-    codes = callback_codes()
     for t in threads:
         t.start()
     deadline = time.monotonic() + HANG
     while True:
         waiting = [t for t in threads if t.is_alive()]
-        if all(in_callback(t, codes) for t in waiting) and (not waiting or backend.held):
+        if all(watch.inside(t) for t in waiting) and (not waiting or backend.held):
             break
         assert time.monotonic() < deadline, "threads never reached dynamo's callback"
         time.sleep(0.005)
@@ -428,21 +430,16 @@ _SCENARIO = textwrap.dedent('''
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32))
     compiled = torch.compile(model, backend=backend)
     x = torch.randn(4, 32)
-    out, barrier = {}, threading.Barrier(3)
+    from fxguard.demos.duplicate_compile import CallbackWatch
+    out, barrier, watch = {}, threading.Barrier(3), CallbackWatch()
     def work(i):
         barrier.wait()
+        watch.arm()
         out[i] = compiled(x)
     threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
     for t in threads: t.start()
-    codes = {torch._dynamo.convert_frame.CatchErrorsWrapper.__call__.__code__}
-    inner = getattr(torch._dynamo.convert_frame.CatchErrorsWrapper.__call__, "__wrapped__", None)
-    if inner is not None: codes.add(inner.__code__)
-    def in_callback(t):
-        f = sys._current_frames().get(t.ident)
-        while f is not None and f.f_code not in codes: f = f.f_back
-        return f is not None
     deadline = time.monotonic() + 300
-    while not (held and all(in_callback(t) for t in threads)):
+    while not (held and all(watch.inside(t) for t in threads)):
         assert time.monotonic() < deadline
         time.sleep(0.005)
     gate.set()

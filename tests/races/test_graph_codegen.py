@@ -53,6 +53,7 @@ def test_two_threads_generate_one_graphs_code(guard):
     graph = torch.fx.symbolic_trace(net).graph
     alone = graph.python_code("self").src
     a, b, got = Hold(), Hold(), {}
+    done = {"a": threading.Event(), "b": threading.Event()}
 
     def thread(hold, name):
         def run():
@@ -61,6 +62,7 @@ def test_two_threads_generate_one_graphs_code(guard):
                 got[name] = graph.python_code("self").src
             finally:
                 sys.setprofile(None)
+                done[name].set()
         return run
 
     def conductor():
@@ -70,7 +72,8 @@ def test_two_threads_generate_one_graphs_code(guard):
         while not (b.inside.is_set() or codegen_lock_waiters()):  # B held, or waiting for A
             assert time.monotonic() < deadline, "B is neither inside nor waiting"
             time.sleep(0.001)
-        a.release.set()
+        a.release.set()  # A finishes first (stock: restores what it found), then B
+        assert done["a"].wait(WAIT)
         b.release.set()
 
     b_started = threading.Event()

@@ -4,6 +4,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+import types
 
 from .races import TIMEOUT, RaceResult
 
@@ -19,13 +20,15 @@ def available() -> bool:
 
 
 class CallbackWatch:
-    """Which threads have entered dynamo's cache-miss callback (stock or wrapped),
-    as the threads themselves tell: each arms a profile hook before its call,
-    which notes the callback's frame and removes itself.  (Walking another
-    thread's frames, sys._current_frames(), races with that thread on a
-    free-threaded build and can crash.)"""
+    """Which threads have entered dynamo's cache-miss callback (stock or wrapped)
+    for a frame of ``code``, as the threads themselves tell: each arms a profile
+    hook before its call, which notes that callback and removes itself.  (The
+    callback also runs for frames dynamo skips on the way, hence the code.
+    Walking another thread's frames, sys._current_frames(), races with that
+    thread on a free-threaded build and can crash.)"""
 
-    def __init__(self) -> None:
+    def __init__(self, code: types.CodeType) -> None:
+        self.code = code
         from torch._dynamo import convert_frame
         call, self.codes = convert_frame.CatchErrorsWrapper.__call__, set()
         while call is not None:
@@ -36,7 +39,8 @@ class CallbackWatch:
     def arm(self) -> None:
         """In the thread, before it calls the compiled function."""
         def hook(frame, event, arg):
-            if event == "call" and frame.f_code in self.codes:
+            if event == "call" and frame.f_code in self.codes and \
+                    getattr(frame.f_locals.get("frame"), "f_code", None) is self.code:
                 self.entered.add(threading.get_ident())
                 sys.setprofile(None)
         sys.setprofile(hook)
@@ -57,7 +61,8 @@ def duplicate_compile(threads: int = 3) -> RaceResult:
     torch._dynamo.reset()
     compiles: list[str] = []
     workers: list[threading.Thread] = []
-    watch = CallbackWatch()
+    step = lambda x: x.sin() * 2 + 1  # noqa: E731
+    watch = CallbackWatch(step.__code__)
 
     def backend(gm, example_inputs):
         compiles.append(threading.current_thread().name)
@@ -69,7 +74,7 @@ def duplicate_compile(threads: int = 3) -> RaceResult:
                 time.sleep(0.005)
         return gm.forward
 
-    compiled = torch.compile(lambda x: x.sin() * 2 + 1, backend=backend)
+    compiled = torch.compile(step, backend=backend)
     x, start, errors = torch.randn(8), threading.Barrier(threads), []
 
     def work() -> None:

@@ -242,66 +242,69 @@ def _backend_of(callback: Any, attr: str) -> Any:
         callback = inner
 
 
+def _find(state: CompileOnce, t: _Torch, frame: Any, backend: Any) -> tuple[Any, Any, Any] | None:
+    """(code, compile_id, trace_annotation) of a compile whose guards this frame
+    passes: published ones first (maybe not in the cache yet).  Under state._cond."""
+    code = frame.f_code
+    f_locals = None
+    published = state._published
+    mine = published.get(code)
+    if mine:
+        output_codes = t.convert_frame.output_codes  # dynamo's compiled code; reset() clears it
+        hit = None
+        for entry in list(mine):
+            b, g = entry
+            guard = _guard_of(g, t)
+            if getattr(guard, "cache_entry", None) is not None or g.code not in output_codes:
+                mine.remove(entry)  # in C's cache now (listed below), or reset() forgot it
+                continue
+            if hit is None and _same_backend(b, backend):
+                f_locals = frame.f_locals if f_locals is None else f_locals
+                if not _passes(guard, f_locals):
+                    continue
+                hit = (g.code, getattr(g, "compile_id", None),
+                       getattr(g, "trace_annotation", "Unknown"))
+        if not mine:
+            del published[code]
+        if hit is not None:
+            return hit
+    for e in t.entries(code):
+        guard = _guard_of(e, t)
+        if (e.code is None or is_stand_in(guard) or guard is None or guard is t.deleted_cls
+                or (t.deleted_cls is not None and isinstance(guard, t.deleted_cls))):
+            continue  # a stand-in or an invalidated entry
+        made_by = getattr(e, "backend", _MISSING)
+        if made_by is _MISSING:  # torch <= 2.5 does not show it: known if published here
+            made_by = state._backends.get(guard, _MISSING)
+        if made_by is _MISSING or not _same_backend(made_by, backend):
+            continue
+        f_locals = frame.f_locals if f_locals is None else f_locals
+        if _passes(guard, f_locals):
+            return (e.code, getattr(e, "compile_id", None),
+                    getattr(e, "trace_annotation", "Unknown"))
+    return None
+
+
+def _reuse(t: _Torch, found: tuple[Any, Any, Any]) -> Any:
+    """What the callback returns to run another thread's compile: its code under
+    a stand-in guard manager."""
+    code, compile_id, annotation = found
+    standin = t.standin_cls(f"fxguard compile once: ran compile {compile_id} of another "
+                            "thread (never matches)")
+    kwargs = {"code": code, t.guard_attr: standin}
+    names = {f.name for f in dataclasses.fields(t.guarded_code)}
+    if "compile_id" in names:
+        kwargs["compile_id"] = compile_id
+    if "trace_annotation" in names and annotation is not None:
+        kwargs["trace_annotation"] = annotation
+    return t.wrap(t.guarded_code(**kwargs))
+
+
 def _make_callback(state: CompileOnce, t: _Torch) -> Callable:
     original = t.callback_call
     cond, busy, published, nested = state._cond, state._busy, state._published, state._nested
     backends = state._backends
-    output_codes = t.convert_frame.output_codes  # dynamo's compiled code; reset() clears it
-    get_ident = threading.get_ident
-
-    def find(frame: Any, backend: Any) -> tuple[Any, Any, Any] | None:
-        """(code, compile_id, trace_annotation) of a compile whose guards this
-        frame passes: published ones first (maybe not in the cache yet)."""
-        code = frame.f_code
-        f_locals = None
-        mine = published.get(code)
-        if mine:
-            hit = None
-            for entry in list(mine):
-                b, g = entry
-                guard = _guard_of(g, t)
-                if getattr(guard, "cache_entry", None) is not None or g.code not in output_codes:
-                    mine.remove(entry)  # in C's cache now (listed below), or reset() forgot it
-                    continue
-                if hit is None and _same_backend(b, backend):
-                    f_locals = frame.f_locals if f_locals is None else f_locals
-                    if not _passes(guard, f_locals):
-                        continue
-                    hit = (g.code, getattr(g, "compile_id", None),
-                           getattr(g, "trace_annotation", "Unknown"))
-            if not mine:
-                del published[code]
-            if hit is not None:
-                return hit
-        for e in t.entries(code):
-            guard = _guard_of(e, t)
-            if (e.code is None or is_stand_in(guard) or guard is None or guard is t.deleted_cls
-                    or (t.deleted_cls is not None and isinstance(guard, t.deleted_cls))):
-                continue  # a stand-in or an invalidated entry
-            made_by = getattr(e, "backend", _MISSING)
-            if made_by is _MISSING:  # torch <= 2.5 does not show it: known if published here
-                made_by = backends.get(guard, _MISSING)
-            if made_by is _MISSING or not _same_backend(made_by, backend):
-                continue
-            f_locals = frame.f_locals if f_locals is None else f_locals
-            if _passes(guard, f_locals):
-                return (e.code, getattr(e, "compile_id", None),
-                        getattr(e, "trace_annotation", "Unknown"))
-        return None
-
-    def reuse(found: tuple[Any, Any, Any]) -> Any:
-        code, compile_id, annotation = found
-        standin = t.standin_cls(f"fxguard compile once: ran compile {compile_id} of another "
-                                "thread (never matches)")
-        kwargs = {"code": code, t.guard_attr: standin}
-        names = {f.name for f in dataclasses.fields(t.guarded_code)}
-        if "compile_id" in names:
-            kwargs["compile_id"] = compile_id
-        if "trace_annotation" in names and annotation is not None:
-            kwargs["trace_annotation"] = annotation
-        return t.wrap(t.guarded_code(**kwargs))
-
-    convert_frame = t.convert_frame
+    get_ident, convert_frame = threading.get_ident, t.convert_frame
 
     def __call__(self: Any, frame: Any, cache_entry: Any, frame_state: Any) -> Any:
         owned = getattr(convert_frame.compile_lock, "_is_owned", None)  # read as torch does
@@ -314,10 +317,10 @@ def _make_callback(state: CompileOnce, t: _Torch) -> Callable:
                 state.waits += 1
                 while code in busy:
                     cond.wait()
-            found = find(frame, backend)
+            found = _find(state, t, frame, backend)
             if found is not None:
                 state.compiles_avoided += 1
-                return reuse(found)
+                return _reuse(t, found)
             busy[code] = get_ident()
         nested.depth = 1
         result = None

@@ -280,6 +280,18 @@ REGISTER_CONFIG_MODULE = """\
     return result
 """
 
+# Graph.python_code points every node's _repr_fn at its own namespace for the
+# length of the call and puts back what it found: two threads generating one
+# graph's code at once (the first calls of a fresh lazy GraphModule, which
+# compile once hands to every waiting thread together) name nodes from each
+# other's namespaces (UnboundLocalError in the generated forward, seen on 3.13t
+# with the GIL off) and leave the nodes' repr pointing at a finished namespace.
+# Code generation is short and holds no other lock.
+CODEGEN_LOCK = """\
+    with {ns}.lock:
+        return {ns}.inner({call})
+"""
+
 WRAPPED: tuple[Wrapped, ...] = (
     Wrapped("config window per thread",
             (Swap("torch._higher_order_ops.utils._set_compilation_env", CONFIG_WINDOW,
@@ -299,6 +311,9 @@ WRAPPED: tuple[Wrapped, ...] = (
             (Swap("torch.autograd.graph._engine_run_backward", PUBLISH_BEFORE_BACKWARD,
                   (DYNAMO, ("publish_record", lambda: _core._publish_record))),),
             _config_lost_by_threads, option="config_follows_thread", carries_context=True),
+    Wrapped("graph codegen lock",
+            (Swap("torch.fx.graph.Graph.python_code", CODEGEN_LOCK, (("lock", _core.RLock),),
+                  params=("self",)),)),
 )
 
 # After CONFIG_DEFAULTS in status(): new threads start with their starter's config.

@@ -64,7 +64,7 @@ def test_same_graph_waiters_share_one_compile(way):
         backend = Backend()
         cf = torch.compile(_same, backend=backend)
         x = torch.randn(8)
-        results = run_held(backend, [lambda: cf(x)] * N)
+        results = run_held(backend, [lambda: cf(x)] * N, _same.__code__)
         assert len(results) == N, results
         for name, got in results.items():
             assert not isinstance(got, BaseException), f"{name}: {got!r}"

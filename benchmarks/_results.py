@@ -148,6 +148,16 @@ HEADLINES = {
         ("errors", lambda r: modes(r, CC_MODES, "errors", text)),
         ("memory flatness", lambda r: modes(r, CC_MODES, _flatness, lambda x: num(x, "{:.3f}"))),
     ],
+    "concurrent_compiles": [
+        ("threads × rounds", lambda r: f"{r['args']['threads']} × {r['args']['rounds']}"),
+        ("warm on ÷ off: median (range)", lambda r: f"{ratio(r['warm']['median_ratio_on_vs_off'])} "
+                                                    f"({spread(r['warm']['ratio_on_vs_off'])})"),
+        ("warm s: on / off", lambda r: f"{spread(r['warm']['wall_s']['on'], '{:.1f}')} / "
+                                       f"{spread(r['warm']['wall_s']['off'], '{:.1f}')}"),
+        ("N processes ÷ off", lambda r: ratio(r["processes"]["median_ratio_vs_off"])),
+        ("cold on ÷ off", lambda r: ratio((r.get("cold") or {}).get("ratio_on_vs_off"))),
+        ("errors, wrong results", lambda r: f"{r['warm']['errors']}, {r['warm']['wrong_results']}"),
+    ],
     "compile_once": [
         ("device, rounds", lambda r: f"{_device(r)}, {r['settings']['repeat']}"),
         ("every thread stepped: fxguard ÷ processes", _once_ratio("processes", "all_stepped_s")),

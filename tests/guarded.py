@@ -46,3 +46,66 @@ def run_together(*targets, timeout: float = 60.0) -> None:
     for t in threads:
         t.join(timeout)
     assert not any(t.is_alive() for t in threads), "a thread did not finish"
+
+
+# -- concurrent_compiles: three ways ----------------------------------------------
+# "stock": torch as it is; "option off": fxguard.install() (concurrent_compiles
+# off); "on": fxguard.install(concurrent_compiles=True).  Where dynamo's
+# compile_lock hides a race (two compiles never overlap), the first two run
+# with compile_lock made a no-op (what turning the lock off alone would do).
+
+CONCURRENT_WAYS = ("stock", "option off", "on")
+
+
+def concurrent_ways(races=True):
+    """Parametrize ``way``: the first two must fail where torch races (strict xfail)."""
+    fails = pytest.mark.xfail(races() if callable(races) else races, strict=True,
+                              reason="process-wide without the option: the test must catch it")
+    return pytest.mark.parametrize("way", [pytest.param("stock", marks=fails),
+                                           pytest.param("option off", marks=fails), "on"])
+
+
+class NoLock:
+    """compile_lock made a no-op: compiles overlap without any of the option's rows."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def _is_owned(self):
+        return False
+
+
+def apply_way(way: str, monkeypatch, lock_hides: bool) -> dict:
+    """Put torch in ``way``; returns status().  Undone by the clean_torch fixture
+    (uninstall) and monkeypatch (the no-op lock)."""
+    import fxguard
+    if way == "on":
+        return fxguard.install(concurrent_compiles=True)
+    info = fxguard.install() if way == "option off" else fxguard.status()
+    if lock_hides:
+        import torch._dynamo.convert_frame as convert_frame
+        monkeypatch.setattr(convert_frame, "compile_lock", NoLock())
+    return info
+
+
+def held_in(thread, code) -> bool:
+    """Whether ``thread``'s innermost Python frame runs ``code`` (a code object,
+    or a predicate on frames): where a thread blocks in a C-level wait."""
+    import sys
+    frame = sys._current_frames().get(thread.ident)
+    if frame is None:
+        return False
+    return code(frame) if callable(code) else frame.f_code is code
+
+
+def wait_until(predicate, what: str, timeout: float = 120.0) -> None:
+    """Poll ``predicate`` (a state, never a duration: the timeout only ends a hung test)."""
+    import time
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {timeout:.0f} s for {what}")
+        time.sleep(0.005)

@@ -134,6 +134,7 @@ class ModuleScan:
         self.containers: set[str] = set()
         self.classes: set[str] = set()
         self.module_aliases: dict[str, str] = {}   # local name -> torch module it names
+        self.class_aliases: dict[str, str] = {}    # local name -> 'torch.mod.Class' imported
         for node in self.tree.body:
             self._top(node)
         self.entries: dict[str, Entry] = {}
@@ -157,6 +158,17 @@ class ModuleScan:
                 and node.module.startswith("torch"):
             for a in node.names:  # from torch._dynamo import config: maybe a module
                 self.module_aliases.setdefault(a.asname or a.name, f"{node.module}.{a.name}")
+                if a.name[:1].isupper():
+                    self.class_aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+        elif isinstance(node, ast.ImportFrom) and node.level > 0:
+            package = self.module.split(".")
+            package = package[:len(package) - node.level]  # a module's own package is one up
+            source = ".".join(package + ([node.module] if node.module else []))
+            for a in node.names:  # from .ir import FlexibleLayout; from . import ir
+                if a.name[:1].isupper():
+                    self.class_aliases[a.asname or a.name] = f"{source}.{a.name}"
+                else:
+                    self.module_aliases.setdefault(a.asname or a.name, f"{source}.{a.name}")
         elif isinstance(node, (ast.If, ast.Try)):
             for inner in node.body + getattr(node, "orelse", []) + getattr(node, "finalbody", []):
                 self._top(inner)
@@ -236,11 +248,30 @@ class ModuleScan:
             for t in targets:
                 for sub in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]):
                     self._target(sub, qual, classes, declared, local, node.lineno)
+            if isinstance(node, ast.Call) and (dotted(node.func) or "").endswith("patch.object") \
+                    and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant):
+                self._patched(node.args[0], node.args[1].value, qual, local, node.lineno)
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
                     and node.func.attr in MUTATORS:
                 base = root_name(node.func.value)
                 if base in self.containers and base not in local:
                     self.add(self.module, base, "container", node.lineno, qual)
+
+    def _patched(self, target: ast.AST, attr: str, qual: str, local: set, line: int) -> None:
+        """patch.object(<a class>, "attr", new): a class attribute swapped for the process."""
+        owner = dotted(target)
+        if owner is None or owner.split(".")[0] in local:
+            return  # an instance (V.graph, a fake mode, self): not process-wide
+        if owner in self.classes:
+            self.add(self.module, f"{owner}.{attr}", "class-attr", line, f"{qual}, patch.object")
+        elif owner in self.class_aliases:
+            module, _, cls = self.class_aliases[owner].rpartition(".")
+            self.add(module, f"{cls}.{attr}", "class-attr", line, f"{qual}, patch.object")
+        elif "." in owner and owner.split(".")[0] in self.module_aliases and owner[:1].islower() \
+                and owner.rsplit(".", 1)[1][:1].isupper():
+            head, _, cls = owner.rpartition(".")
+            module = self.module_aliases[head.split(".")[0]] + head[len(head.split(".")[0]):]
+            self.add(module, f"{cls}.{attr}", "class-attr", line, f"{qual}, patch.object")
 
     def _target(self, t: ast.AST, qual: str, classes: list[str], declared: set, local: set,
                 line: int) -> None:
@@ -833,7 +864,52 @@ RULES: tuple[tuple[str, str, tuple[str, str]], ...] = (
 )
 
 
+# Rows of fxguard's option concurrent_compiles (src/fxguard/torch_support/rows.py):
+# per-thread globals, class and instance attributes, once-locks, id locks, exact counters.
+CONCURRENT_ROWS = {f"{m}:{n}" for m, names in {
+    "torch._dynamo.convert_frame": ("initial_global_state", "FRAME_COUNTER",
+                                    "FRAME_COMPILE_COUNTER"),
+    "torch.fx.graph_module": ("_forward_from_src", "_loader.next_id"),
+    "torch.fx.experimental.proxy_tensor": ("CURRENT_DECOMPOSITION_TABLE", "ORIGINAL_ATEN"),
+    "torch._inductor.ir": ("IRNode._current_origins", "IRNode._current_stream_idx",
+                           "IRNode._current_mempool", "ComputedBuffer._force_realize",
+                           "FlexibleLayout.allow_indexing", "ConstantBuffer.override_device"),
+    "torch._inductor.triton_bundler": ("TritonBundler._entries", "TritonBundler._static_autotuners",
+                                       "TritonBundler._winners"),
+    "torch._dynamo.variables.torch_function": ("torch_function_mode_stack_state_mgr.stack",),
+    "torch._subclasses.meta_utils": ("DESCRIBER_NEXT_ID",),
+    "torch._dynamo.utils": ("counters",),
+    "torch._dynamo.variables.builtin": ("BUILTIN_TO_TENSOR_FN_MAP", "BUILTIN_TO_TENSOR_RFN_MAP"),
+    "torch._inductor.fx_passes.joint_graph": ("lazy_init",),
+    "torch._inductor.fx_passes.post_grad": ("lazy_init",),
+    "torch._inductor.fx_passes.pre_grad": ("lazy_init",),
+    "torch._inductor.fx_passes.freezing_patterns": ("lazy_init", "addmm_patterns_init"),
+    "torch._inductor.fx_passes.fuse_attention": ("_sfdp_init",),
+    "torch._inductor.fx_passes.pad_mm": ("_pad_mm_init",),
+    "torch._inductor.fx_passes.misc_patterns": ("_misc_patterns_init",),
+    "torch._inductor.fx_passes.binary_folding": ("binary_folding_init",),
+    "torch._inductor.fx_passes.mkldnn_fusion": ("_mkldnn_fusion_init", "_mkldnn_weight_pack_init"),
+    "torch._inductor.fx_passes.quantization": ("_register_quantization_weight_pack_pass",),
+    "torch._inductor.codegen.common": ("init_backend_registration",
+                                       "_init_builtin_backend_registration"),
+    "torch._inductor.autotune_process": ("get_tuning_process_pool", "get_tuning_thread_pool"),
+}.items() for n in names}
+
+# inductor's test helpers (run_and_get_code, get_code, ...) patch.object classes
+# for the process while they run: not on a compile path (README, Concurrent compiles).
+TEST_HELPER_PATCHES = {"torch._inductor.codegen.wrapper:PythonWrapperCodegen.define_kernel",
+                       "torch._inductor.graph:GraphLowering.compile_to_module",
+                       "torch._inductor.graph:GraphLowering.save_output_code",
+                       "torch._inductor.output_code:CompiledFxGraph.__init__",
+                       "torch._inductor.scheduler:Scheduler.__init__"}
+
+
 def classify(e: Entry) -> tuple[str, str]:
+    if e.key in CONCURRENT_ROWS:
+        why = CLASSIFY.get(e.key, ("", ""))[1]
+        return ROW, "option concurrent_compiles" + (f"; {why}" if why else "")
+    if e.key in TEST_HELPER_PATCHES:
+        return OK, "inductor test helper (torch._inductor.utils) patching for the process"
     if e.key in CLASSIFY:
         return CLASSIFY[e.key]
     if e.kind == "cache" and e.effects:

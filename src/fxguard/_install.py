@@ -15,7 +15,7 @@ from typing import Any
 from . import _core, interpreter
 from .machinery import code_cache, codegen, originals
 from .machinery.changes import Outcome, Row
-from .torch_support.rows import OPTIONS
+from .torch_support.rows import OFF_BY_DEFAULT, OPTIONS
 
 __version__ = "0.1.0"
 
@@ -32,6 +32,7 @@ class Installed:
     rows: list[Row]
     workers: str
     code_cache: dict[str, Any]
+    concurrent: list[Row]
     compile_once: Any  # torch_support.compile_once.CompileOnce, or None
 
 
@@ -39,7 +40,7 @@ _installed: Installed | None = None
 
 def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
             eager_backward: bool = True, config_follows_thread: bool = True,
-            compile_once: bool = True) -> dict:
+            compile_once: bool = True, concurrent_compiles: bool = False) -> dict:
     """Make torch's trace state per-thread.  Idempotent; returns status().
 
     Every option is keyword-only and True or False (anything else: TypeError):
@@ -56,6 +57,13 @@ def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
     - ``compile_once``: threads that reach the same graph while one of them
       compiles it run that compile (where its guards pass for them) instead
       of compiling a copy; status()["compile_once"] counts them.
+    - ``concurrent_compiles`` (off by default): dynamo no longer holds its
+      ``compile_lock`` across a whole compile, so distinct graphs compile at
+      once in several threads; what one compile keeps process-wide becomes per
+      thread, one-time set-up runs once, ids and counters stay exact.
+      ``status()["concurrent_compiles"]`` says whether its stress suite was run
+      on this torch.  One function's compiles still run one at a time (with
+      ``compile_once``, threads that miss together share one).
 
     Raises UnsupportedTorchError, leaving torch untouched, on a torch whose
     layout fxguard does not know.  Logs what it did on the "fxguard" logger.
@@ -65,7 +73,7 @@ def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
     global _installed
     chosen = _chosen(block_mask_lock=block_mask_lock, config_window_lock=config_window_lock,
                      eager_backward=eager_backward, config_follows_thread=config_follows_thread,
-                     compile_once=compile_once)
+                     compile_once=compile_once, concurrent_compiles=concurrent_compiles)
     # torch is imported outside the lock: with FXGUARD=1 the start-up hook
     # installs as torch finishes importing, in this very thread.
     import torch  # noqa: F401
@@ -89,7 +97,7 @@ def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
             _core._configure(_core.MODE_OFF)
             raise
         _installed = Installed(facts.layout, chosen, prepared.rows, workers,
-                               dict(code_cache.last), prepared.compile_once)
+                               dict(code_cache.last), prepared.concurrent, prepared.compile_once)
         _log_installed(_installed.rows)
         return status()
 
@@ -106,7 +114,7 @@ def _chosen(who: str = "install", **options: Any) -> dict[str, bool]:
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
         raise TypeError(f"{who}() got an unexpected keyword argument {unknown[0]!r}")
-    chosen = {name: options.get(name, True) for name in OPTIONS}
+    chosen = {name: options.get(name, name not in OFF_BY_DEFAULT) for name in OPTIONS}
     for name, value in chosen.items():
         if type(value) is not bool:  # 1, 0.0, "no", numpy.bool_: say so, do not guess
             raise TypeError(f"{who}(): {name} must be True or False, not {value!r}")
@@ -192,6 +200,7 @@ def preview(**options: bool) -> dict:
     return {**status(), "mode": _MODES[mode], "layout": facts.layout, "options": chosen,
             "patch_points": [r.as_dict() for r in prepared.rows],
             "autograd_workers": _workers(mode, hooks)[1],
+            "concurrent_compiles": _concurrent_status(chosen, prepared.concurrent),
             "code_cache": dict(code_cache.last), "preview": True,
             "note": "what install() would do on this torch; nothing was changed"}
 
@@ -239,15 +248,29 @@ def status() -> dict:
         "autograd_workers": None,
         "code_cache": None,
         "compile_once": None,
+        "concurrent_compiles": None,
         "interpreter": interpreter.report(),
     }
     if _installed is not None:
         info.update(layout=_installed.layout, options=dict(_installed.options),
                     patch_points=[r.as_dict() for r in _installed.rows],
-                    autograd_workers=_installed.workers, code_cache=dict(_installed.code_cache))
+                    autograd_workers=_installed.workers, code_cache=dict(_installed.code_cache),
+                    concurrent_compiles=_concurrent_status(_installed.options,
+                                                           _installed.concurrent))
         if _installed.compile_once is not None:  # {"compiles_avoided": n, "waits": n}
             info["compile_once"] = _installed.compile_once.counters()
     return info
+
+
+def _concurrent_status(options: dict[str, bool], rows: list[Row]) -> dict[str, Any]:
+    """Option concurrent_compiles: on or off, whether its stress suite was run on
+    this torch, and which of its rows apply here."""
+    from .torch_support import facts
+    on = options["concurrent_compiles"]
+    return {"enabled": on, "tested": facts.concurrent_compiles_tested(),
+            "applies": [r.where for r in rows if r.patched] if on else [],
+            "not_on_this_torch": [r.where for r in rows
+                                  if r.outcome in (Outcome.NOT_AVAILABLE, Outcome.NOT_NEEDED)]}
 
 
 def make_create_block_mask() -> Any:

@@ -6,7 +6,7 @@ import os
 
 import fxguard
 from fxguard import _core
-from fxguard.torch_support.rows import OPTIONS
+from fxguard.torch_support.rows import OFF_BY_DEFAULT, OPTIONS
 
 STUB = os.path.join(os.path.dirname(fxguard.__file__), "_core.pyi")
 
@@ -80,7 +80,7 @@ def test_install_options_are_documented_keyword_only_parameters():
     params = inspect.signature(fxguard.install).parameters
     assert tuple(params) == OPTIONS
     for p in params.values():
-        assert p.kind is p.KEYWORD_ONLY and p.default is True
+        assert p.kind is p.KEYWORD_ONLY and p.default is (p.name not in OFF_BY_DEFAULT)
         assert p.name in fxguard.install.__doc__
 
 

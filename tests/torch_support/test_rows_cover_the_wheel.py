@@ -15,7 +15,17 @@ ROOT = os.path.dirname(torch.__file__)
 
 
 def attribute_writes(name: str):
-    """(file, line, function) of every ``<expr>.<name> = ...`` in the wheel."""
+    """(file, line, enclosing defs, innermost first) of every ``<expr>.<name> = ...``
+    inside a def in the wheel."""
+    def walk(node, defs, path):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            defs = [node.name] + defs
+        if defs and isinstance(node, ast.Attribute) and node.attr == name and \
+                isinstance(node.ctx, ast.Store):
+            yield path, node.lineno, defs
+        for child in ast.iter_child_nodes(node):
+            yield from walk(child, defs, path)
+
     for folder, _, files in os.walk(ROOT):
         for file in files:
             if not file.endswith(".py"):
@@ -29,21 +39,16 @@ def attribute_writes(name: str):
                 tree = ast.parse(text)
             except SyntaxError:
                 continue
-            for fn in ast.walk(tree):
-                if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    for node in ast.walk(fn):
-                        if isinstance(node, ast.Attribute) and node.attr == name and \
-                                isinstance(node.ctx, ast.Store):
-                            yield os.path.relpath(path, ROOT), node.lineno, fn.name
+            yield from walk(tree, [], os.path.relpath(path, ROOT))
 
 
 def test_every_attribute_writer_of_a_per_thread_global_is_listed():
     unlisted = []
-    for row in rows.PER_THREAD:
+    for row in rows.PER_THREAD + rows.CONCURRENT_PER_THREAD:
         listed = {w.rsplit(".", 1)[1] for w in row.writers + row.or_writers}
-        for path, line, fn in attribute_writes(row.name):
-            if fn not in listed:
-                unlisted.append(f"{row.where}: {path}:{line} in {fn}()")
+        for path, line, defs in attribute_writes(row.name):
+            if not listed & set(defs):  # the writer, or a def around it (a closure it makes)
+                unlisted.append(f"{row.where}: {path}:{line} in {defs[0]}()")
     assert unlisted == []
 
 
@@ -60,3 +65,51 @@ def test_every_row_is_patched_or_says_why():
 
 # Rows whose absence on an older torch is a hazard fxguard reports rather than fixes.
 KNOWN_HAZARDS = {"eager backward"}  # no force_non_lazy_backward_lowering before torch 2.10
+
+
+def wheel_trees(names):
+    """(path relative to torch, module name, AST) of every .py file in the wheel
+    whose text holds one of ``names``."""
+    for folder, _, files in os.walk(ROOT):
+        for file in files:
+            if not file.endswith(".py"):
+                continue
+            path = os.path.join(folder, file)
+            with open(path, encoding="utf-8", errors="replace") as f:
+                text = f.read()
+            if not any(name in text for name in names):
+                continue
+            try:
+                tree = ast.parse(text)
+            except SyntaxError:
+                continue
+            rel = os.path.relpath(path, ROOT)
+            module = "torch." + rel[:-3].replace(os.sep, ".").removesuffix(".__init__")
+            yield rel, module, tree
+
+
+def test_every_writer_of_a_per_thread_class_attribute_is_covered():
+    """concurrent_compiles' class attributes: every ``<spelling> = ...`` is a
+    listed writer, every ``patch.object(<Cls>, "<attr>", ...)`` lies in a
+    module the row rewrites (install() then checks each such function)."""
+    unlisted = []
+    by_name = {row.where.rsplit(".", 1)[1]: row for row in rows.CLASS_ATTRS}
+    for rel, module, tree in wheel_trees(by_name):
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and \
+                        node.attr in by_name:
+                    row = by_name[node.attr]
+                    if ast.unparse(node) in row.spelled and \
+                            not any(w.endswith("." + fn.name) for w in row.writers):
+                        unlisted.append(f"{rel}:{node.lineno} {fn.name}: {ast.unparse(node)} =")
+                if isinstance(node, ast.Call) and len(node.args) >= 2 and \
+                        isinstance(node.args[1], ast.Constant) and node.args[1].value in by_name \
+                        and ast.unparse(node.func).endswith("patch.object"):
+                    row = by_name[node.args[1].value]
+                    if module not in row.patched_in or \
+                            ast.unparse(node.args[0]) not in row.patch_targets:
+                        unlisted.append(f"{rel}:{node.lineno} {fn.name}: {ast.unparse(node)}")
+    assert unlisted == []

@@ -192,3 +192,48 @@ def reset_stock_leftovers() -> None:
         if current is not original and getattr(current, "__wrapped__", None) is original:
             setattr(torch.nn.Module, attr, original)  # a Tracer's functools.wraps wrapper
 
+    _reset_overlapping_compile_leftovers()
+
+
+def _reset_overlapping_compile_leftovers() -> None:
+    """What overlapping stock compiles leave process-wide (the concurrent_compiles
+    races): dispatch-mode flags and is_compiling() stuck True, a compile's global
+    state, dynamo's saved mode stack and skip wrapper, inductor's lowering
+    contexts.  Only modules already imported are looked at."""
+    import sys
+    for module, name, value in (
+            ("torch.utils._python_dispatch", "_is_in_torch_dispatch_mode", False),
+            ("torch.utils._python_dispatch", "_is_in_non_infra_torch_dispatch_mode", False),
+            ("torch.utils._python_dispatch", "_is_in_any_mode_without_ignore_compile_internals",
+             False),
+            ("torch.compiler", "_is_compiling_flag", False),
+            ("torch._dynamo.convert_frame", "initial_global_state", None)):
+        names = vars(sys.modules[module]) if module in sys.modules else {}
+        if name in names and (names[name] is None or isinstance(names[name], bool)
+                              or type(names[name]).__name__ == "GlobalStateGuard"):
+            names[name] = value  # a compile's GlobalStateGuard: two overlapping ones leave one
+    convert_frame = sys.modules.get("torch._dynamo.convert_frame")
+    graph_module = sys.modules.get("torch.fx.graph_module")
+    if convert_frame is not None and graph_module is not None and \
+            "_forward_from_src" in vars(graph_module):
+        graph_module._forward_from_src = convert_frame.original_forward_from_src
+    torch_function = sys.modules.get("torch._dynamo.variables.torch_function")
+    mgr = getattr(torch_function, "torch_function_mode_stack_state_mgr", None)
+    if mgr is not None and isinstance(vars(mgr).get("stack"), list):
+        mgr.__dict__["stack"] = []
+    ir = sys.modules.get("torch._inductor.ir")
+    bundler = sys.modules.get("torch._inductor.triton_bundler")
+    for cls, name, value in (
+            (getattr(ir, "IRNode", None), "_current_origins", "empty"),
+            (getattr(ir, "IRNode", None), "_current_stream_idx", None),
+            (getattr(ir, "IRNode", None), "_current_mempool", None),
+            (getattr(ir, "ComputedBuffer", None), "_force_realize", False),
+            (getattr(ir, "FlexibleLayout", None), "allow_indexing", False),
+            (getattr(ir, "ConstantBuffer", None), "override_device", None),
+            (getattr(bundler, "TritonBundler", None), "_entries", None),
+            (getattr(bundler, "TritonBundler", None), "_static_autotuners", None),
+            (getattr(bundler, "TritonBundler", None), "_winners", None)):
+        current = vars(cls).get(name, ...) if cls is not None else ...
+        if current is ... or hasattr(type(current), "__get__"):
+            continue  # absent, or fxguard's descriptor
+        setattr(cls, name, type(current)() if value == "empty" else value)

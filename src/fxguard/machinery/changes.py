@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 
 
 class Change(NamedTuple):
-    """Set ``owner.attr`` (an item, for a dict owner) to ``value``; originals.MISSING deletes."""
+    """Set ``owner.attr`` (an item, for a plain dict owner) to ``value``; originals.MISSING deletes."""
     label: str      # the row it is for, as status() shows it
     owner: object
     attr: str

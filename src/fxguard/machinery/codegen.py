@@ -32,15 +32,17 @@ def namespace_name(fn: types.FunctionType) -> str:
     return f"__fxguard_{qualname}__"
 
 
-def swap_code(label: str, fn: types.FunctionType, body: str, namespace: Any) -> list[Change]:
+def swap_code(label: str, fn: types.FunctionType, body: str, namespace: Any,
+              name: str | None = None) -> list[Change]:
     """Changes that make ``fn`` run ``body`` while it keeps its identity.
 
     ``body``: indented source; ``{call}`` is fn's parameters passed on
     (``self, root, concrete_args``), ``{ns}`` is ``namespace`` (a
     ``types.SimpleNamespace`` of helpers, or one callable), injected into fn's
-    globals under ``namespace_name(fn)``.
+    globals under ``namespace_name(fn)`` (or ``name``, where closures made by
+    one def share a qualname and a module).
     """
-    name = namespace_name(fn)
+    name = name or namespace_name(fn)
     return [Change(label, _globals_owner(fn), name, namespace),
             Change(label, fn, "__code__", wrapper_code(fn, body.replace("{ns}", name)))]
 

@@ -1,7 +1,8 @@
 """The one record of originals, so undo is exact (gevent.monkey's ``saved``).
 
 Every change fxguard makes to another library is one ``Patch``: set attribute
-``attr`` of ``owner`` (an item, for a dict owner) to a new value, remembering
+``attr`` of ``owner`` (an item, for a plain dict owner: a module's globals; a
+dict subclass, such as a defaultdict, is changed by attribute) to a new value, remembering
 what was there, or that nothing was.  ``revert_all`` undoes them in reverse
 order; ``get_original`` answers from the record.
 """
@@ -65,12 +66,12 @@ def revert(patch: Patch) -> None:
 
 
 def _get(owner: object, attr: str) -> Any:
-    return owner.get(attr, MISSING) if isinstance(owner, dict) else getattr(owner, attr, MISSING)
+    return owner.get(attr, MISSING) if type(owner) is dict else getattr(owner, attr, MISSING)
 
 
 def _put(owner: object, attr: str, value: Any) -> None:
-    """owner.attr = value (owner[attr] for a dict); MISSING deletes."""
-    if isinstance(owner, dict):
+    """owner.attr = value (owner[attr] for a plain dict); MISSING deletes."""
+    if type(owner) is dict:
         if value is MISSING:
             del owner[attr]
         else:

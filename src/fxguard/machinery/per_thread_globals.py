@@ -100,14 +100,21 @@ def functions_in(module: types.ModuleType) -> Iterator[types.FunctionType]:
     values += [v for cls in values if isinstance(cls, type) and own(cls) for v in vars(cls).values()]
     seen = set()
     for value in values:
-        value = getattr(value, "__func__", value)       # staticmethod / classmethod
-        value = getattr(value, "fget", value)            # property
+        # Only these are looked into: a getattr on any other object could run
+        # its __getattr__ (one of inductor's handlers warns there).
+        if isinstance(value, (staticmethod, classmethod, types.MethodType)):
+            value = value.__func__
+        elif isinstance(value, property):
+            value = value.fget
         for _ in range(10):                              # contextmanager, wraps, dynamo's disable()
             if isinstance(value, types.FunctionType) and defined_here(value) \
                     and id(value) not in seen:
                 seen.add(id(value))
                 yield value
-            value = getattr(value, "__wrapped__", None)
+            try:
+                value = object.__getattribute__(value, "__dict__").get("__wrapped__")
+            except AttributeError:
+                value = None
             if value is None:
                 break
 

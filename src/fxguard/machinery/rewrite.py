@@ -29,16 +29,21 @@ class RewriteError(RuntimeError):
 
 
 def redirect(fn: types.FunctionType, names: Iterable[str], via: str,
-             attributes: dict[str, str] | None = None) -> tuple[types.CodeType, int]:
+             attributes: dict[str, str] | None = None,
+             patches: dict[tuple[str, str], str] | None = None) -> tuple[types.CodeType, int]:
     """New code for ``fn`` and how many uses it changed.
 
     ``names``: globals of fn's module to serve as ``<via>.<name>``.
     ``attributes``: dotted expressions (``"pkg.mod.name"``) to serve as
-    ``<via>.<name>`` too (writers in other modules).  Raises RewriteError.
+    ``<via>.<name>`` too (writers in other modules).
+    ``patches``: ``(target source, attribute) -> name``: a call
+    ``patch.object(<target>, "<attribute>", new)`` (``mock.`` / ``unittest.mock.``
+    too) becomes ``<via>.patch("<name>", new)``.  Raises RewriteError.
     """
     names, attributes = tuple(sorted(names)), tuple(sorted((attributes or {}).items()))
-    return _cached_recompile("redirect", fn.__code__, (names, via, attributes),
-                             lambda: _Redirect(set(names), via, dict(attributes)))
+    request = (names, via, attributes) + ((tuple(sorted(patches.items())),) if patches else ())
+    return _cached_recompile("redirect", fn.__code__, request,
+                             lambda: _Redirect(set(names), via, dict(attributes), patches=patches))
 
 
 def uses_in_defs(filename: str, name: str) -> list[int]:
@@ -190,8 +195,12 @@ class _Redirect(ast.NodeTransformer):
     ``global``, or never bound locally.  A scope that binds it locally
     without ``global`` keeps its own variable (and nested scopes that see it)."""
 
-    def __init__(self, names: set[str], via: str, attributes: dict[str, str], dry: bool = False):
+    PATCH_OBJECT = {"patch.object", "mock.patch.object", "unittest.mock.patch.object"}
+
+    def __init__(self, names: set[str], via: str, attributes: dict[str, str], dry: bool = False,
+                 patches: dict[tuple[str, str], str] | None = None):
         self.names, self.via, self.attributes = names, via, attributes
+        self.patches = patches or {}
         self.dry = dry  # count and note lines only: the tree is left as it is
         self.count = 0
         self.lines: set[int] = set()
@@ -260,6 +269,27 @@ class _Redirect(ast.NodeTransformer):
             return ast.copy_location(self._slot(self.attributes[dotted], node.ctx), node)
         self.generic_visit(node)
         return node
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        name = self._patched(node)
+        self.generic_visit(node)
+        if name is None:
+            return node
+        self.count += 1
+        self.lines.add(node.lineno)
+        if self.dry:
+            return node
+        call = ast.Call(func=ast.Attribute(value=ast.Name(id=self.via, ctx=ast.Load()), attr="patch",
+                                           ctx=ast.Load()),
+                        args=[ast.Constant(value=name), node.args[2]], keywords=[])
+        return ast.copy_location(call, node)
+
+    def _patched(self, node: ast.Call) -> str | None:
+        """The name a ``patch.object(target, "attr", new)`` call is served by, if listed."""
+        if not self.patches or _dotted(node.func) not in self.PATCH_OBJECT or \
+                len(node.args) != 3 or node.keywords or not isinstance(node.args[1], ast.Constant):
+            return None
+        return self.patches.get((ast.unparse(node.args[0]), node.args[1].value))
 
     def _slot(self, name: str, ctx: ast.expr_context) -> ast.Attribute:
         return ast.Attribute(value=ast.Name(id=self.via, ctx=ast.Load()), attr=name, ctx=ctx)

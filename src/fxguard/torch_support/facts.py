@@ -86,3 +86,19 @@ def python_inherits_context() -> bool:
     """Python 3.14+ with thread_inherit_context (the free-threaded default):
     threads start in a copy of their starter's context already."""
     return bool(getattr(sys.flags, "thread_inherit_context", 0))
+
+
+# torch releases the concurrent_compiles stress suite
+# (tests/races/test_concurrent_compiles_stress.py) and its race tests were run
+# on, CPU, Python 3.11 (README, "Concurrent compiles").
+CONCURRENT_COMPILES_STRESSED = ("2.11.0", "2.13.0", "2.14.1", "2.15.0")
+
+
+def concurrent_compiles_tested() -> str:
+    """A plain statement: was the stress suite run on the installed torch?"""
+    import torch
+    release = torch.__version__.split("+")[0]
+    if release in CONCURRENT_COMPILES_STRESSED:
+        return f"stress suite run on this torch ({release})"
+    return (f"untested on this torch ({release}); the stress suite was run on "
+            f"{', '.join(CONCURRENT_COMPILES_STRESSED)}")

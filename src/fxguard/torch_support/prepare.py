@@ -6,12 +6,15 @@ changes in order (machinery.originals) and uninstall() undoes them in reverse.
 """
 from __future__ import annotations
 
+import contextvars
 import importlib
+import threading
 import types
 from dataclasses import dataclass
 from typing import Any
 
-from ..machinery import codegen, originals, overlay, per_thread_patching
+from ..machinery import (codegen, exact_counters, once, originals, overlay, per_thread_attrs,
+                         per_thread_patching, shared_lock, shared_window)
 from ..machinery.changes import Change, NotCovered, Outcome, Row
 from ..machinery.per_thread_globals import Planner
 from . import compile_once, config, rows
@@ -25,6 +28,7 @@ class Prepared:
     defaults: tuple[tuple, tuple]         # slot defaults and factories for _core._configure
     initial: list[tuple[Any, str, Any]]   # (module, name, value): the installing thread's values
     carry_context: bool                   # records note their thread's Context
+    concurrent: list[Row]                 # the rows of option concurrent_compiles (also in rows)
     compile_once: compile_once.CompileOnce | None  # its counters, where the row is patched
 
 
@@ -34,6 +38,7 @@ def prepare(facts: TorchFacts, options: dict[str, bool]) -> Prepared:
     planner, plan_rows = Planner(), []
     for row in rows.PER_THREAD:
         plan_rows.append(_per_thread(planner, row, facts))
+    concurrent = [_concurrent_per_thread(planner, row, options) for row in rows.CONCURRENT_PER_THREAD]
     plan_rows += planner.reader_rows
     changes = planner.changes("per-thread")
     plan_rows += [_patching(spec, changes) for spec in rows.PATCHING]
@@ -50,8 +55,9 @@ def prepare(facts: TorchFacts, options: dict[str, bool]) -> Prepared:
     plan_rows += [_wrap(wrap, facts, options, planner, changes) for wrap in rows.THREADS]
     row, shared = _compile_once(options, changes)
     plan_rows.append(row)
-    return Prepared(changes, plan_rows, planner.defaults(), planner.initial(), carry_context,
-                    shared)
+    concurrent += _concurrent(options, planner, changes, facts, once_per_code=shared is not None)
+    return Prepared(changes, plan_rows + concurrent, planner.defaults(), planner.initial(),
+                    carry_context, concurrent, shared)
 
 
 def _per_thread(planner: Planner, row: Any, facts: TorchFacts) -> Row:
@@ -158,3 +164,117 @@ def _compile_once(options: dict, changes: list) -> tuple[Row, compile_once.Compi
     except compile_once.NotAvailable as e:
         return Row(what, where, Outcome.NOT_AVAILABLE, f"on this torch ({e})"), None
     return Row(what, where, Outcome.PATCHED), state
+
+
+# -- option concurrent_compiles --------------------------------------------------
+
+def _concurrent_per_thread(planner: Planner, row: Any, options: dict) -> Row:
+    what = "per-thread global"
+    if not options[rows.CONCURRENT]:
+        return Row(what, row.where, Outcome.OPTION_OFF)
+    module = importlib.import_module(row.module)
+    if isinstance(vars(module).get(row.name), (contextvars.ContextVar, threading.local)):
+        return Row(what, row.where, Outcome.NOT_NEEDED, "torch keeps it per thread")
+    try:
+        return Row(what, row.where, planner.add(row))
+    except NotCovered as e:
+        return Row(what, row.where, Outcome.NOT_COVERED, str(e))
+
+
+def _concurrent(options: dict, planner: Planner, changes: list, facts: TorchFacts, *,
+                once_per_code: bool) -> list[Row]:
+    """The option's rows after the per-thread globals (planned with the others).
+    ``once_per_code``: the compile-once row is patched (its wait per code object
+    keeps one function's compiles one at a time)."""
+    on = options[rows.CONCURRENT]
+    off = Outcome.OPTION_OFF
+    out = [Row("per-thread class attribute", r.where, off) for r in rows.CLASS_ATTRS] if not on \
+        else _class_attrs(planner, changes)
+    for attr in rows.INSTANCE_ATTRS:
+        what = "per-thread instance attribute"
+        if not on:
+            out.append(Row(what, attr.where, off))
+            continue
+        more, outcome = per_thread_attrs.plan_instance_attr(what, attr)
+        changes += more
+        out.append(Row(what, attr.where, outcome))
+    if on:
+        made, outcomes = once.plan("once-lock", rows.ONCE, planner.code_for)
+        changes += made
+    else:
+        outcomes = [(r, off, "") for r in rows.ONCE]
+    out += [Row("once-lock", r.where, outcome, detail) for r, outcome, detail in outcomes]
+    out += [_wrap(wrap, facts, options, planner, changes) for wrap in rows.ID_LOCKS]
+    for window in rows.SHARED_WINDOWS:
+        what = "shared window"
+        if not on:
+            out.append(Row(what, window.target, off))
+            continue
+        more, outcome, detail = shared_window.plan(what, window, planner.code_for)
+        changes += more
+        out.append(Row(what, window.target, outcome, detail))
+    for where in rows.EXACT_COUNTERS:
+        if not on:
+            out.append(Row("exact counters", where, off))
+            continue
+        more, outcome, detail = exact_counters.plan("exact counters", where)
+        changes += more
+        out.append(Row("exact counters", where, outcome, detail))
+    out += _shared_lock(rows.COMPILE_LOCK, options, planner, changes, facts,  # last: the lock opens
+                        per_code=not once_per_code)
+    return out
+
+
+def _class_attrs(planner: Planner, changes: list) -> list[Row]:
+    what = "per-thread class attribute"
+    try:
+        made, outcomes = per_thread_attrs.plan_class_attrs(what, rows.CLASS_ATTRS, planner.code_for)
+    except NotCovered as e:
+        return [Row(what, r.where, Outcome.NOT_COVERED, str(e)) for r in rows.CLASS_ATTRS]
+    changes += made
+    return [Row(what, r.where, outcome, detail) for r, outcome, detail in outcomes]
+
+
+def _shared_lock(row: rows.SharedLockRow, options: dict, planner: Planner, changes: list,
+                 facts: TorchFacts, *, per_code: bool) -> list[Row]:
+    """The lock becomes a SharedLock; the functions hold it shared for their
+    whole body (where config is process-wide, in an overlay window too; with
+    ``per_code``, the frame's code object's lock too)."""
+    config_row = "config per compile", ", ".join(rows.COMPILE_CONFIG)
+    if not options[row.option]:
+        return [Row(row.what, row.where, Outcome.OPTION_OFF), Row(*config_row, Outcome.OPTION_OFF)]
+    try:
+        owner, name, current = originals.resolve_path(row.where)
+    except (ImportError, AttributeError):
+        return [Row(row.what, row.where, Outcome.NOT_AVAILABLE)]
+    if type(current) is not type(threading.RLock()):
+        return [Row(row.what, row.where, Outcome.NOT_COVERED,
+                    f"{name} is a {type(current).__name__}, not the RLock fxguard knows")]
+    functions = [_function(where) for where in row.shared_in]
+    if None in functions or any("frame" not in fn.__code__.co_varnames[:fn.__code__.co_argcount]
+                                for fn in functions):
+        return [Row(row.what, row.where, Outcome.NOT_AVAILABLE)]
+    lock, keyed = shared_lock.SharedLock(), shared_lock.KeyedLock() if per_code else None
+    made = [Change(row.what, owner, name, lock)]
+    held, config = rows.PER_CODE_HELD if per_code else "", Row(*config_row, Outcome.NOT_NEEDED,
+                                                               "config per thread")
+    if not facts.config_per_thread:
+        made += _overlay_every_entry(config_row[0])
+        held, config = held + rows.WINDOW_HELD, Row(*config_row, Outcome.PATCHED)
+    body = rows.SHARED_BODY.replace("{held}", held)
+    for fn in functions:
+        namespace = types.SimpleNamespace(
+            inner=codegen.shadow_function(fn, planner.code_for(fn)), lock=lock, per_code=keyed,
+            window=overlay.window)
+        made += codegen.swap_code(row.what, fn, body, namespace)
+    changes += made
+    return [Row(row.what, row.where, Outcome.PATCHED), config]
+
+
+def _overlay_every_entry(label: str) -> list[Change]:
+    """Every entry of the compile's config modules honours overlay.window()."""
+    made = []
+    for module in rows.COMPILE_CONFIG:
+        for entry in getattr(importlib.import_module(module), "_config", {}).values():
+            made.append(Change(label, entry, "__class__", overlay.overlaid(entry, "user_override")))
+    return made

@@ -10,6 +10,9 @@
 - ``CONFIG_DEFAULTS``: torch config defaults changed for every thread.
 - ``COMPILE_ONCE``: threads that miss dynamo's cache together share one
   compile (compile_once.py, a mechanism rather than a table).
+- ``CONCURRENT``: what option ``concurrent_compiles`` (off by default) does:
+  dynamo's compile_lock no longer held across a whole compile, one compile's
+  state per thread, one-time set-up once, ids and counters exact.
 
 ``prepare.py`` turns the rows that apply to the installed torch (facts.py)
 into changes, without changing anything.
@@ -18,18 +21,23 @@ from __future__ import annotations
 
 import collections
 import importlib
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from .. import _core
 from ..machinery import overlay
 from ..machinery.changes import Outcome
+from ..machinery.once import Once
+from ..machinery.per_thread_attrs import ClassAttr, InstanceAttr
 from ..machinery.per_thread_globals import FastReader, PerThread
+from ..machinery.shared_window import SharedWindow
 from ..machinery.per_thread_patching import ClassState, Patching
 from .facts import FLAG, FLAG_MODULE, TorchFacts
 
 OPTIONS = ("block_mask_lock", "config_window_lock", "eager_backward", "config_follows_thread",
-           "compile_once")
+           "compile_once", "concurrent_compiles")
+OFF_BY_DEFAULT = ("concurrent_compiles",)  # every other option is on unless turned off
 
 
 # -- per-thread globals ----------------------------------------------------------
@@ -351,3 +359,188 @@ CONFIG_DEFAULTS: tuple[ConfigDefault, ...] = (
 # missed while another compiled the same code runs that compile if its guards pass.
 COMPILE_ONCE = ("compile once", "torch._dynamo.convert_frame.CatchErrorsWrapper.__call__",
                 "compile_once")  # (what, where, option)
+
+
+# -- concurrent compiles (option concurrent_compiles, off by default) ----------------
+# What crosses threads once compiles overlap, per torch: tools/compile_globals/FINDINGS.md
+# (tools/compile_globals.py lists and classifies every global the compiler writes).
+
+CONCURRENT = "concurrent_compiles"
+
+
+@dataclass(frozen=True)
+class SharedLockRow:
+    """A process-wide RLock (``where``) becomes a machinery SharedLock: every
+    ``with lock:`` keeps its meaning (exclusive: it waits for every holder),
+    while the functions in ``shared_in`` run their whole body holding it
+    shared, so several threads are inside them at once."""
+    what: str
+    where: str
+    shared_in: tuple[str, ...]
+    option: str = CONCURRENT
+
+
+# The callback's whole body holds the lock shared.  One function's compiles
+# still run one at a time, as stock: three threads compiling one graph at once
+# deadlocked in torch (grad-accumulator mutex against the GIL under anomaly
+# mode).  Where the compile-once row is patched, its wait per code object (it
+# wraps this callback, outside the lock) is what keeps them one at a time, and
+# the threads that missed together share that compile; with it off, the
+# callback also holds a lock per code object (PER_CODE_HELD).  A callback
+# inside a compile (a compiled function called while tracing) is a re-entry,
+# as with stock's RLock: it takes neither, so it cannot wait for a code another
+# thread's compile holds while that one waits for this one's.
+SHARED_BODY = """\
+    if {ns}.lock._is_owned():
+        return {ns}.inner({call})
+    with {ns}.lock.shared(){held}:
+        return {ns}.inner({call})
+"""
+PER_CODE_HELD = ", {ns}.per_code.held(frame.f_code)"
+# torch <= 2.11 (config process-wide): a compile also runs in an overlay window
+# (machinery.overlay) over every entry of these config modules, so that its
+# `with config.patch(...)` (inductor's own: inplace_buffers, unroll thresholds,
+# padding, ...; torch.compile's options and mode) stays in its thread.
+# Interleaved, two compiles' patches otherwise crossed and stayed for good.
+WINDOW_HELD = ", {ns}.window()"
+COMPILE_CONFIG = ("torch._dynamo.config", "torch._inductor.config", "torch._functorch.config")
+
+# Dynamo's frame callback holds compile_lock (with _disable_current_modes())
+# across a whole compile: every thread waits out every other's compile.  Held
+# shared instead, compiles of distinct graphs overlap; its own `with
+# compile_lock:` inside is a re-entry.  torch's other holders keep their meaning
+# (exclusive): reset() and reset_code_caches() wait until no compile runs,
+# compile_fx's lazy backward compile likewise (run inside a compile, as with
+# eager backward, it is a re-entry, as with stock's RLock).  Same-graph threads
+# still compile once where fxguard's compile-once row waits them.
+COMPILE_LOCK = SharedLockRow("compile lock", "torch._dynamo.convert_frame.compile_lock",
+                             ("torch._dynamo.convert_frame.CatchErrorsWrapper.__call__",))  # 2.10+
+
+
+def _original_forward_from_src() -> Any:
+    from ..machinery import originals
+    module = importlib.import_module("torch.fx.graph_module")
+    return originals.get_original(module, "_forward_from_src")
+
+
+CONCURRENT_PER_THREAD: tuple[PerThread, ...] = (
+    # The grad mode, autocast, ... a frame's compile started with: set by
+    # ConvertFrameAssert.__call__, read when an OutputGraph is made (2.9+) and
+    # when guards are built; another thread's makes the GLOBAL_STATE guard
+    # check the wrong grad mode ("Guard failed on the same frame it was created").
+    PerThread("torch._dynamo.convert_frame", "initial_global_state", None),
+    # Every compile swaps in dynamo's skip wrapper (preserve_global_state) and
+    # puts back what it found: interleaved, the wrapper stays for good, and
+    # meanwhile another thread's GraphModules get code dynamo skips (a later
+    # torch.compile of one runs it eager).  2.10+: the wrapper around
+    # trace_frame; older: preserve_global_state's closures.
+    PerThread("torch.fx.graph_module", "_forward_from_src", factory=_original_forward_from_src,
+              writers=("torch._dynamo.convert_frame.trace_frame",),
+              or_writers=("torch._dynamo.convert_frame.preserve_global_state",)),
+    # make_fx's decomposition table and the aten op being traced (<= 2.12;
+    # 2.13 keeps ORIGINAL_ATEN in a ContextVar and the table elsewhere).
+    PerThread("torch.fx.experimental.proxy_tensor", "CURRENT_DECOMPOSITION_TABLE", factory=dict),
+    PerThread("torch.fx.experimental.proxy_tensor", "ORIGINAL_ATEN", None),
+)
+
+# Class attributes inductor swaps for the length of a lowering context and reads
+# in every new IR node: another thread's lowering gave its nodes our FX origins
+# (or stream, mempool), realized our buffers, and interleaved exits left a dead
+# graph's values for good.
+IR = "torch._inductor.ir"
+TRITON_BUNDLER = "torch._inductor.triton_bundler.TritonBundler"
+CLASS_ATTRS: tuple[ClassAttr, ...] = (
+    ClassAttr(f"{IR}.IRNode._current_origins", (f"{IR}.IRNode.current_origins",), empty=True),
+    ClassAttr(f"{IR}.IRNode._current_stream_idx", (f"{IR}.IRNode.current_stream_idx",)),  # 2.13+
+    ClassAttr(f"{IR}.IRNode._current_mempool", (f"{IR}.IRNode.current_mempool",)),  # 2.14+
+    ClassAttr(f"{IR}.ComputedBuffer._force_realize", (f"{IR}.ComputedBuffer.force_realize",),
+              default=False),
+    # patch.object(FlexibleLayout, "allow_indexing", True) around every indexing
+    # of a not yet fixed layout: one thread's exit turned it off under another's
+    # ("convert FlexibleLayout to FixedLayout first"), and left it on for good.
+    ClassAttr(f"{IR}.FlexibleLayout.allow_indexing", (), default=False,
+              patched_in=(IR, "torch._inductor.select_algorithm", "torch._inductor.ops_handler",
+                          "torch._inductor.dependencies", "torch._inductor.lowering",
+                          "torch._inductor.codegen.cpp_template"),
+              patch_targets=("FlexibleLayout", "ir.FlexibleLayout")),
+    # patch.object(ConstantBuffer, "override_device", device): the device a
+    # constant is loaded for, around a loader's calls.
+    ClassAttr(f"{IR}.ConstantBuffer.override_device", (), patched_in=(IR,),
+              patch_targets=("ConstantBuffer",)),
+) + tuple(
+    # The bundle of the inductor compile in flight (begin_compile asserts there
+    # is none; CPU compiles too, where bundling into the FX graph cache is on).
+    ClassAttr(f"{TRITON_BUNDLER}.{name}", (f"{TRITON_BUNDLER}.begin_compile",
+                                           f"{TRITON_BUNDLER}.end_compile"),
+              spellings=(f"cls.{name}",))
+    for name in ("_entries", "_static_autotuners", "_winners")  # _winners: 2.13+
+)
+
+# Dynamo's one TorchFunctionModeStackStateManager (2.6+): a compile's __enter__
+# saves the thread's torch-function modes in .stack and clears them, the trace
+# reads .stack, __exit__ pushes it back.  Two at once: one traces with (and its
+# thread ends up with) the other's modes, or "pop from empty mode stack".
+INSTANCE_ATTRS: tuple[InstanceAttr, ...] = (
+    InstanceAttr("torch._dynamo.variables.torch_function.torch_function_mode_stack_state_mgr"
+                 ".stack", factory=list),
+)
+
+# One-time lazy set-up (machinery.once): two first compiles both missed the
+# cache and both registered ("Duplicate pattern" from post_grad's; the others
+# append duplicates), or read dynamo's half-filled builtin map (KeyError: and_).
+FX_PASSES = "torch._inductor.fx_passes"
+ONCE: tuple[Once, ...] = (
+    Once(f"{FX_PASSES}.joint_graph.lazy_init"),  # init_once_fakemode closures
+    Once(f"{FX_PASSES}.post_grad.lazy_init"),
+    Once(f"{FX_PASSES}.pre_grad.lazy_init"),
+    Once(f"{FX_PASSES}.freezing_patterns.lazy_init"),
+    Once(f"{FX_PASSES}.fuse_attention._sfdp_init"),
+    Once(f"{FX_PASSES}.pad_mm._pad_mm_init"),
+    Once(f"{FX_PASSES}.misc_patterns._misc_patterns_init"),
+    Once(f"{FX_PASSES}.binary_folding.binary_folding_init"),
+    Once(f"{FX_PASSES}.mkldnn_fusion._mkldnn_fusion_init"),
+    Once(f"{FX_PASSES}.mkldnn_fusion._mkldnn_weight_pack_init"),
+    Once(f"{FX_PASSES}.quantization._register_quantization_weight_pack_pass"),  # <= 2.13
+    Once(f"{FX_PASSES}.freezing_patterns.addmm_patterns_init"),
+    Once("torch._inductor.codegen.common.init_backend_registration"),  # cached <= 2.14
+    Once("torch._inductor.codegen.common._init_builtin_backend_registration"),  # 2.15
+    Once("torch._inductor.autotune_process.get_tuning_process_pool"),
+    Once("torch._inductor.autotune_process.get_tuning_thread_pool"),  # 2.15
+    # `if len(MAP) > 0: return`, then fills it entry by entry (2.9+)
+    Once("torch._dynamo.variables.builtin.populate_builtin_to_tensor_fn_map", memo=False),
+)
+
+# Ids allocated by `+= 1` in small functions: two compiles at once got equal
+# ids (CompileId frame ids, per-frame compile counts, meta-tensor describer ids,
+# which key memo tables, the linecache keys of generated GraphModule code).
+# One lock around each whole (small) function.
+LOCKED = """\
+    with {ns}.lock:
+        return {ns}.inner({call})
+"""
+_ids_lock = threading.RLock()
+IDS = (("lock", lambda: _ids_lock),)
+ID_LOCKS: tuple[Wrapped, ...] = (
+    Wrapped("compile ids lock", (Swap("torch._dynamo.convert_frame.get_compile_id", LOCKED, IDS),),
+            option=CONCURRENT),
+    Wrapped("id allocator lock",
+            (Swap("torch._subclasses.meta_utils.MetaTensorDescriber.__init__", LOCKED, IDS),),
+            option=CONCURRENT),
+    Wrapped("id allocator lock", (Swap("torch.fx.graph_module._EvalCacheLoader._get_key",
+                                       LOCKED, IDS),), option=CONCURRENT),
+)
+
+# AOTAutograd traces every joint graph inside torch.autograd.detect_anomaly(),
+# which turns anomaly mode on for the process (a C++ flag) and puts back what it
+# found: two compiles' windows interleaved left it on for good (every autograd
+# node then records a Python stack; with the node's tensor mutex held, that can
+# deadlock with the GIL).  One window for all of them instead.
+AOT = "torch._functorch._aot_autograd.graph_capture_wrappers"
+SHARED_WINDOWS: tuple[SharedWindow, ...] = (
+    SharedWindow("torch.autograd.detect_anomaly",
+                 (f"{AOT}.create_joint", f"{AOT}.create_functional_call")),
+)
+
+# dynamo and inductor statistics, `counters[group][key] += 1` all over torch
+# (machinery.exact_counters: every step in C, so exact under the GIL).
+EXACT_COUNTERS = ("torch._dynamo.utils.counters",)

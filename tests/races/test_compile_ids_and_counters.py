@@ -22,9 +22,11 @@ import threading
 
 import pytest
 import torch
-from guarded import apply_way, concurrent_ways, held_in, wait_until
+from guarded import apply_way, concurrent_ways, held_in, wait_until, needs_the_gil
 
 import fxguard
+
+pytestmark = needs_the_gil
 
 HOLD = 60.0
 

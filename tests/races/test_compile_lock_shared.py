@@ -17,9 +17,11 @@ import threading
 import pytest
 import torch
 import torch._dynamo.convert_frame as convert_frame
-from guarded import NoLock, apply_way, concurrent_ways, held_in, run_together, wait_until
+from guarded import NoLock, apply_way, concurrent_ways, held_in, run_together, wait_until, needs_the_gil
 
 import fxguard
+
+pytestmark = needs_the_gil
 
 HOLD = 60.0
 

@@ -25,7 +25,9 @@ import threading
 
 import pytest
 import torch
-from guarded import apply_way, concurrent_ways, wait_until
+from guarded import apply_way, concurrent_ways, wait_until, needs_the_gil
+
+pytestmark = needs_the_gil
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HOLD = 120.0

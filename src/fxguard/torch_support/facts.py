@@ -97,7 +97,11 @@ CONCURRENT_COMPILES_STRESSED = ("2.11.0", "2.13.0", "2.14.1", "2.15.0")
 def concurrent_compiles_tested() -> str:
     """A plain statement: was the stress suite run on the installed torch?"""
     import torch
+
+    from .. import interpreter
     release = torch.__version__.split("+")[0]
+    if not interpreter.gil_enabled():
+        return "untested without the GIL (free-threaded build): its race tests are skipped there"
     if release in CONCURRENT_COMPILES_STRESSED:
         return f"stress suite run on this torch ({release})"
     return (f"untested on this torch ({release}); the stress suite was run on "

@@ -149,7 +149,8 @@ HEADLINES = {
         ("memory flatness", lambda r: modes(r, CC_MODES, _flatness, lambda x: num(x, "{:.3f}"))),
     ],
     "concurrent_compiles": [
-        ("threads × rounds", lambda r: f"{r['args']['threads']} × {r['args']['rounds']}"),
+        ("device, threads × rounds", lambda r: f"{r['args'].get('device', 'cpu')}, "
+                                               f"{r['args']['threads']} × {r['args']['rounds']}"),
         ("warm on ÷ off: median (range)", lambda r: f"{ratio(r['warm']['median_ratio_on_vs_off'])} "
                                                     f"({spread(r['warm']['ratio_on_vs_off'])})"),
         ("warm s: on / off", lambda r: f"{spread(r['warm']['wall_s']['on'], '{:.1f}')} / "

@@ -17,7 +17,10 @@ backward, 2 a norm + softmax, then again from 0.
 
 Every result is checked against eager; errors are counted.
 
-    python benchmarks/concurrent_compiles.py [--threads 3] [--rounds 4] [--cold] [--json F] [--save]
+    python benchmarks/concurrent_compiles.py [--device cuda] [--threads 3] [--rounds 4] [--cold] [--json F] [--save]
+
+``--device cuda``: the graphs' tensors on the GPU (one GPU for all threads: the
+graphs are still distinct, as one GPU per drafter makes them).
 """
 from __future__ import annotations
 
@@ -33,6 +36,11 @@ import time
 import _harness
 
 ENV = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"}
+DEVICE_ENV = "FXGUARD_BENCH_DEVICE"  # children inherit --device through it
+
+
+def device() -> str:
+    return os.environ.get(DEVICE_ENV, "cpu")
 
 
 # -- the graphs ------------------------------------------------------------------------
@@ -45,17 +53,17 @@ def flex_graph(r: int):
     def causal(b, h, q, kv):
         return q >= kv
 
-    q, k, v = (torch.randn(1, 2, size, 16) for _ in range(3))
+    q, k, v = (torch.randn(1, 2, size, 16, device=device()) for _ in range(3))
 
     def work():
-        mask = create_block_mask(causal, 1, 2, size, size, device="cpu")
+        mask = create_block_mask(causal, 1, 2, size, size, device=device())
         return torch.compile(flex_attention)(q * scale, k, v, block_mask=mask)
 
     def ref():
         import warnings
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            mask = create_block_mask(causal, 1, 2, size, size, device="cpu")
+            mask = create_block_mask(causal, 1, 2, size, size, device=device())
             return flex_attention(q * scale, k, v, block_mask=mask)
     return work, ref
 
@@ -64,8 +72,8 @@ def mlp_graph(r: int):
     import torch
     width = 32 + 8 * r
     net = torch.nn.Sequential(torch.nn.Linear(width, 2 * width), torch.nn.GELU(),
-                              torch.nn.Linear(2 * width, width))
-    x = torch.randn(16, width, requires_grad=True)
+                              torch.nn.Linear(2 * width, width)).to(device())
+    x = torch.randn(16, width, device=device(), requires_grad=True)
 
     def work():
         out = torch.compile(net)(x)
@@ -82,7 +90,7 @@ def norm_graph(r: int):
          f"    return torch.softmax(y @ y.transpose(-1, -2), dim=-1) + {r}\n",
          {"torch": torch}, namespace)
     f = namespace["f"]
-    x = torch.randn(4, 24 + 4 * r, 32)
+    x = torch.randn(4, 24 + 4 * r, 32, device=device())
     return (lambda: torch.compile(f)(x)), (lambda: f(x))
 
 
@@ -238,6 +246,7 @@ def cold(threads: int) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=3)
     p.add_argument("--rounds", type=int, default=4, help="warm rounds per way")
     p.add_argument("--cold", action="store_true", help="also each way once in a fresh process")
@@ -248,6 +257,7 @@ def main() -> int:
     args = p.parse_args()
     os.environ.update(ENV)
     if args.process_child is None and not args.cold_child:
+        os.environ[DEVICE_ENV] = args.device
         # Empty kernel caches for this run (children get their own): every
         # round's new shapes then compile C++ as a drafter's new length does,
         # instead of finding last run's kernels on disk.
@@ -259,7 +269,7 @@ def main() -> int:
         cold_child(args.cold_child, args.threads, args.out)
         return 0
     report = {**_harness.envelope("concurrent_compiles", import_torch=True),
-              "args": {"threads": args.threads, "rounds": args.rounds, "cold": args.cold,
+              "args": {"device": args.device, "threads": args.threads, "rounds": args.rounds, "cold": args.cold,
                        "graphs": [g.__name__ for g in GRAPHS]}}
     report["warm"] = warm(args.threads, args.rounds)
     report["processes"] = processes(args.threads, args.rounds)

@@ -122,3 +122,8 @@ def gil_off() -> bool:
 # claimed there (README, "Concurrent compiles", limits).
 needs_the_gil = pytest.mark.skipif(gil_off(), reason="concurrent_compiles is not tested without "
                                    "the GIL (README, Concurrent compiles)")
+
+
+# Compile once stands down without the GIL (torch_support/compile_once.py).
+needs_the_gil_for_compile_once = pytest.mark.skipif(
+    gil_off(), reason="compile once is not available with the GIL off (README)")

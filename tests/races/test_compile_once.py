@@ -26,6 +26,9 @@ import torch
 import fxguard
 from fxguard.demos.duplicate_compile import CallbackWatch
 from fxguard.torch_support import compile_once
+from guarded import needs_the_gil_for_compile_once
+
+pytestmark = needs_the_gil_for_compile_once
 
 N = 3
 HANG = 300.0  # only against a hang: nothing here depends on speed

@@ -28,6 +28,9 @@ import test_compile_once as once_tests
 from test_compile_once import Backend, real_entries, run_held
 
 import fxguard
+from guarded import needs_the_gil_for_compile_once
+
+pytestmark = needs_the_gil_for_compile_once
 
 N = 3
 HOLD = 120.0  # only against a hang: nothing here depends on speed

@@ -106,6 +106,14 @@ def changes(state: CompileOnce) -> list[Change]:
 
 def _find_torch() -> _Torch:
     import torch  # noqa: F401
+
+    from .. import interpreter
+    if not interpreter.gil_enabled():
+        # Seen on 3.13t with torch 2.12: the process aborted while a compile
+        # walked the code's cache entries (compute_cache_size) and threads that
+        # had shared a compile ran it; dynamo's C cache takes no lock of its own.
+        raise NotAvailable("with the GIL off: dynamo's cache entries are not safe to read while "
+                           "other threads run the same code")
     try:
         from torch._dynamo import convert_frame, eval_frame, guards
         from torch._dynamo import types as dtypes

@@ -1,4 +1,6 @@
 """Race tests run both ways: guard off must fail on a torch that races."""
+import threading
+
 import pytest
 
 
@@ -127,3 +129,23 @@ needs_the_gil = pytest.mark.skipif(gil_off(), reason="concurrent_compiles is not
 # Compile once stands down without the GIL (torch_support/compile_once.py).
 needs_the_gil_for_compile_once = pytest.mark.skipif(
     gil_off(), reason="compile once is not available with the GIL off (README)")
+
+
+class ObservedLock:
+    """torch's own compile_lock, with who waits for it in view."""
+
+    def __init__(self, lock):
+        self.lock, self.waiting = lock, set()
+
+    def __enter__(self):
+        self.waiting.add(threading.get_ident())
+        try:
+            return self.lock.__enter__()
+        finally:
+            self.waiting.discard(threading.get_ident())
+
+    def __exit__(self, *exc):
+        return self.lock.__exit__(*exc)
+
+    def _is_owned(self):
+        return self.lock._is_owned()

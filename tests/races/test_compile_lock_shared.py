@@ -17,33 +17,14 @@ import threading
 import pytest
 import torch
 import torch._dynamo.convert_frame as convert_frame
-from guarded import NoLock, apply_way, concurrent_ways, held_in, run_together, wait_until, needs_the_gil
+from guarded import (NoLock, ObservedLock, apply_way, concurrent_ways, held_in, needs_the_gil,
+                     run_together, wait_until)
 
 import fxguard
 
 pytestmark = needs_the_gil
 
 HOLD = 60.0
-
-
-class ObservedLock:
-    """torch's own compile_lock, with who waits for it in view."""
-
-    def __init__(self, lock):
-        self.lock, self.waiting = lock, set()
-
-    def __enter__(self):
-        self.waiting.add(threading.get_ident())
-        try:
-            return self.lock.__enter__()
-        finally:
-            self.waiting.discard(threading.get_ident())
-
-    def __exit__(self, *exc):
-        return self.lock.__exit__(*exc)
-
-    def _is_owned(self):
-        return self.lock._is_owned()
 
 
 @concurrent_ways()

@@ -23,7 +23,7 @@ import threading
 import pytest
 import torch
 import torch._dynamo.convert_frame as convert_frame
-from guarded import run_together, wait_until
+from guarded import ObservedLock, run_together, wait_until
 import test_compile_once as once_tests
 from test_compile_once import Backend, real_entries, run_held
 
@@ -86,26 +86,6 @@ def test_same_graph_waiters_share_one_compile(way):
     finally:
         fxguard.uninstall()
         torch._dynamo.reset()
-
-
-class ObservedLock:
-    """torch's own compile_lock, with who waits for it in view."""
-
-    def __init__(self, lock):
-        self.lock, self.waiting = lock, set()
-
-    def __enter__(self):
-        self.waiting.add(threading.get_ident())
-        try:
-            return self.lock.__enter__()
-        finally:
-            self.waiting.discard(threading.get_ident())
-
-    def __exit__(self, *exc):
-        return self.lock.__exit__(*exc)
-
-    def _is_owned(self):
-        return self.lock._is_owned()
 
 
 # One function (one code object) per thread, at module level: torch 2.11 compiles

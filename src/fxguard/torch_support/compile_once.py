@@ -55,7 +55,11 @@ _KEEP_PUBLISHED = 8  # results per code object kept until C has them in its cach
 
 
 class NotAvailable(RuntimeError):
-    """This torch lacks a piece the mechanism needs; nothing was changed."""
+    """This torch (or Python) lacks what the mechanism needs; nothing was changed."""
+
+    def __init__(self, why: str, where: str = "on this torch") -> None:
+        super().__init__(why)
+        self.where = where
 
 
 class CompileOnce:
@@ -112,8 +116,8 @@ def _find_torch() -> _Torch:
         # Seen on 3.13t with torch 2.12: the process aborted while a compile
         # walked the code's cache entries (compute_cache_size) and threads that
         # had shared a compile ran it; dynamo's C cache takes no lock of its own.
-        raise NotAvailable("with the GIL off: dynamo's cache entries are not safe to read while "
-                           "other threads run the same code")
+        raise NotAvailable("the GIL off: dynamo's cache entries are not safe to read while "
+                           "other threads run the same code", where="on this Python")
     try:
         from torch._dynamo import convert_frame, eval_frame, guards
         from torch._dynamo import types as dtypes

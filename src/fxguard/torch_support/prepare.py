@@ -162,7 +162,7 @@ def _compile_once(options: dict, changes: list) -> tuple[Row, compile_once.Compi
     try:
         changes += compile_once.changes(state)
     except compile_once.NotAvailable as e:
-        return Row(what, where, Outcome.NOT_AVAILABLE, f"on this torch ({e})"), None
+        return Row(what, where, Outcome.NOT_AVAILABLE, f"{e.where} ({e})"), None
     return Row(what, where, Outcome.PATCHED), state
 
 

@@ -115,7 +115,8 @@ def left_set(last: bool = False) -> list[str]:
     import fxguard
     found = {
         "is_compiling": torch.compiler.is_compiling(),
-        "anomaly mode": torch.is_anomaly_enabled(),
+        # process-wide, on while any thread traces a joint graph: only at rest once all are done
+        "anomaly mode": last and torch.is_anomaly_enabled(),
         "dispatch mode": is_in_torch_dispatch_mode(),
         "fx tracing": fxguard.is_fx_tracing(),
         "origins": bool(ir.IRNode._current_origins),

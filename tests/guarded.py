@@ -103,6 +103,25 @@ def held_in(thread, code) -> bool:
     return code(frame) if callable(code) else frame.f_code is code
 
 
+def on_stack(thread, code) -> bool:
+    """Whether any of ``thread``'s Python frames runs ``code``."""
+    import sys
+    frame = sys._current_frames().get(thread.ident)
+    while frame is not None and frame.f_code is not code:
+        frame = frame.f_back
+    return frame is not None
+
+
+def child_env(**extra: str) -> dict:
+    """The environment of a child interpreter that imports what this one does,
+    the tests' own modules too (wherever the checkout lies)."""
+    import os
+    import sys
+    tests = os.path.dirname(os.path.abspath(__file__))
+    path = [os.path.join(tests, "races"), tests] + [p for p in sys.path if p]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(path), **extra)
+
+
 def wait_until(predicate, what: str, timeout: float = 120.0) -> None:
     """Poll ``predicate`` (a state, never a duration: the timeout only ends a hung test)."""
     import time
@@ -115,8 +134,8 @@ def wait_until(predicate, what: str, timeout: float = 120.0) -> None:
 
 def gil_off() -> bool:
     """A free-threaded build running without the GIL now."""
-    import sys
-    return not getattr(sys, "_is_gil_enabled", lambda: True)()
+    from fxguard import interpreter
+    return not interpreter.gil_enabled()
 
 
 # The concurrent_compiles tests watch other threads' frames (sys._current_frames),
@@ -149,3 +168,19 @@ class ObservedLock:
 
     def _is_owned(self):
         return self.lock._is_owned()
+
+
+def holding_op(name: str, on_fake):
+    """A custom op (a copy) whose fake implementation, run while a compile
+    traces it, first calls ``on_fake()``: where a test holds a thread."""
+    import torch
+
+    @torch.library.custom_op(name, mutates_args=())
+    def hold(x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @hold.register_fake
+    def _(x):
+        on_fake()
+        return torch.empty_like(x)
+    return hold

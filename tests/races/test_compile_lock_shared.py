@@ -17,8 +17,8 @@ import threading
 import pytest
 import torch
 import torch._dynamo.convert_frame as convert_frame
-from guarded import (NoLock, ObservedLock, apply_way, concurrent_ways, held_in, needs_the_gil,
-                     run_together, wait_until)
+from guarded import (NoLock, ObservedLock, apply_way, child_env, concurrent_ways, held_in,
+                     needs_the_gil, run_together, wait_until)
 
 import fxguard
 
@@ -138,7 +138,9 @@ def reset_scenario(way: str) -> list:
 
     r = threading.Thread(target=resetter, daemon=True)
     lock = convert_frame.compile_lock
-    ready = {"no-op lock": lambda: bool(order), "stock": lambda: bool(order) or _in_reset(r),
+    in_reset = torch._dynamo.reset.__code__  # stock: R blocked in RLock.acquire, innermost
+    ready = {"no-op lock": lambda: bool(order),
+             "stock": lambda: bool(order) or held_in(r, in_reset),
              "on": lambda: bool(order) or lock.state()["exclusive_waiting"] > 0}[way]
 
     def main():
@@ -162,24 +164,16 @@ def test_reset_waits_for_a_compile_in_flight_without_the_lock():
     """compile_lock made a no-op (turning it off alone): reset() runs mid-compile
     (on 2.13 the process dies: SIGFPE in the eval-frame callback), so in a child."""
     import json
-    import os
     import subprocess
     import sys
-    here = os.path.dirname(os.path.abspath(__file__))
     code = ("import json, test_compile_lock_shared as t; "
             "print(json.dumps(t.reset_scenario('no-op lock')))")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, os.path.dirname(here)] + sys.path))
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                          timeout=600)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=child_env(), timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == ["compile ends", "reset done"]
 
 
-def _in_reset(thread) -> bool:
-    """Stock: R blocked in RLock.acquire has reset()'s frame innermost."""
-    import sys
-    frame = sys._current_frames().get(thread.ident)
-    return frame is not None and frame.f_code is torch._dynamo.reset.__code__
 
 
 def module_state() -> dict:

@@ -26,7 +26,7 @@ import torch
 import fxguard
 from fxguard.demos.duplicate_compile import CallbackWatch
 from fxguard.torch_support import compile_once
-from guarded import needs_the_gil_for_compile_once
+from guarded import NoLock, child_env, needs_the_gil_for_compile_once
 
 pytestmark = needs_the_gil_for_compile_once
 
@@ -174,6 +174,22 @@ def real_entries(fn: Callable) -> int:
     return sum(not compile_once.is_stand_in(e) for e in _debug_get_cache_entry_list(fn.__code__))
 
 
+def assert_one_compile_served_all(backend: Backend, results: dict[str, Any], f: Callable,
+                                  x: torch.Tensor) -> None:
+    """Every thread ran compiled code (never eager), equal to eager, all of it
+    from one compile, which is f's one real cache entry."""
+    assert len(results) == N, results
+    for name, got in results.items():
+        assert not isinstance(got, BaseException), f"{name}: {got!r}"
+        out, compiled = got
+        torch.testing.assert_close(out, f(x)[0])
+        assert compiled is True, f"{name} ran eager"
+    assert len(backend.calls) == N, "every thread runs compiled code"
+    backend.assert_calls_match_their_compiles()
+    assert (len(backend.compiles), real_entries(f)) == (1, 1), \
+        f"{len(backend.compiles)} compiles, {real_entries(f)} cache entries"
+
+
 # One function per test, defined at module level (torch 2.5 wraps an exec'd function
 # in a helper and caches that instead); the fixture's dynamo reset makes it cold.
 def _f_share(x):
@@ -207,14 +223,7 @@ def test_threads_share_one_compile(mode):
     backend = Backend()
     cf = torch.compile(f, backend=backend)
     x = torch.randn(8)
-    results = run_held(backend, [lambda: cf(x)] * N, f.__code__)
-    for name, (out, compiled) in results.items():
-        torch.testing.assert_close(out, f(x)[0])
-        assert compiled is True, f"{name} ran eager"
-    assert len(backend.calls) == N, "every thread runs compiled code"
-    backend.assert_calls_match_their_compiles()
-    assert (len(backend.compiles), real_entries(f)) == (1, 1), \
-        f"{len(backend.compiles)} compiles, {real_entries(f)} cache entries"
+    assert_one_compile_served_all(backend, run_held(backend, [lambda: cf(x)] * N, f.__code__), f, x)
     counters = mode.counters()  # (waits are not pinned: a waiter may come after the gate opened)
     assert counters["compiles_avoided"] == N - 1, counters
     cf(x)  # a later call hits the one real entry (stand-ins never match): compiled, no compile
@@ -346,29 +355,12 @@ def test_after_a_failed_compile_the_next_one_is_shared(mode):
     assert len(backend.compiles) == 2, f"{len(backend.compiles)} compiles (1 failed)"
 
 
-class _NoCompileLock:
-    """compile_lock narrowed away: every thread may compile at once."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> bool:
-        return False
-
-    def _is_owned(self) -> bool:
-        return False
-
-
 def test_without_compile_lock_one_compile_per_code_at_a_time(mode_on_no_lock):
     f = _f_no_lock
     backend = Backend()
     cf = torch.compile(f, backend=backend)
     x = torch.randn(8)
-    for name, (out, compiled) in run_held(backend, [lambda: cf(x)] * N, f.__code__).items():
-        torch.testing.assert_close(out, f(x)[0])
-        assert compiled is True, f"{name} ran eager"
-    backend.assert_calls_match_their_compiles()
-    assert (len(backend.compiles), real_entries(f)) == (1, 1)
+    assert_one_compile_served_all(backend, run_held(backend, [lambda: cf(x)] * N, f.__code__), f, x)
 
 
 @pytest.fixture
@@ -376,7 +368,7 @@ def mode_on_no_lock(monkeypatch):
     from torch._dynamo import convert_frame
     torch._dynamo.reset()
     fxguard.install()
-    monkeypatch.setattr(convert_frame, "compile_lock", _NoCompileLock())
+    monkeypatch.setattr(convert_frame, "compile_lock", NoLock())
     try:
         yield
     finally:
@@ -384,15 +376,9 @@ def mode_on_no_lock(monkeypatch):
         torch._dynamo.reset()
 
 
-def _child_env(**extra: str) -> dict:
-    src = os.path.dirname(os.path.dirname(os.path.abspath(fxguard.__file__)))
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [src] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])), **extra)
-
-
 def _run_script(script: str, *args: str) -> subprocess.CompletedProcess:
     """A fresh interpreter for scenarios stock torch may crash in or leave broken."""
-    return subprocess.run([sys.executable, "-c", script, *args], env=_child_env(),
+    return subprocess.run([sys.executable, "-c", script, *args], env=child_env(),
                           capture_output=True, text=True, timeout=900)
 
 
@@ -408,7 +394,7 @@ def _stock_run_in_a_child(request) -> bool:
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "--runxfail", "-p", "no:cacheprovider",
          f"{os.path.abspath(__file__)}::{request.node.name}"],
-        env=_child_env(**{_CHILD: "1"}), capture_output=True, text=True, timeout=900)
+        env=child_env(**{_CHILD: "1"}), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, f"stock run (child, rc {done.returncode}):\n{done.stdout[-3000:]}"
     return True
 

@@ -23,12 +23,11 @@ import threading
 import pytest
 import torch
 import torch._dynamo.convert_frame as convert_frame
-from guarded import ObservedLock, run_together, wait_until
 import test_compile_once as once_tests
-from test_compile_once import Backend, real_entries, run_held
+from guarded import ObservedLock, needs_the_gil_for_compile_once, run_together, wait_until
+from test_compile_once import Backend, assert_one_compile_served_all, run_held
 
 import fxguard
-from guarded import needs_the_gil_for_compile_once
 
 pytestmark = needs_the_gil_for_compile_once
 
@@ -67,17 +66,8 @@ def test_same_graph_waiters_share_one_compile(way):
         backend = Backend()
         cf = torch.compile(_same, backend=backend)
         x = torch.randn(8)
-        results = run_held(backend, [lambda: cf(x)] * N, _same.__code__)
-        assert len(results) == N, results
-        for name, got in results.items():
-            assert not isinstance(got, BaseException), f"{name}: {got!r}"
-            out, compiled = got
-            torch.testing.assert_close(out, _same(x)[0])
-            assert compiled is True, f"{name} ran eager"
-        assert len(backend.calls) == N, "every thread runs compiled code"
-        backend.assert_calls_match_their_compiles()
-        assert (len(backend.compiles), real_entries(_same)) == (1, 1), \
-            f"{len(backend.compiles)} compiles, {real_entries(_same)} cache entries"
+        assert_one_compile_served_all(
+            backend, run_held(backend, [lambda: cf(x)] * N, _same.__code__), _same, x)
         counters = fxguard.status()["compile_once"]
         assert counters["compiles_avoided"] == N - 1, counters
         assert not convert_frame.compile_lock._is_owned()

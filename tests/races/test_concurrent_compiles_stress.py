@@ -16,7 +16,6 @@ that real compiles overlapping in every way they like still come out right.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -26,8 +25,7 @@ import traceback
 # first (torch 2.11's CUDA wheels without a GPU otherwise keep a compiling
 # thread's fake device guard after that thread ends: README, Limits).
 import torch  # noqa: F401
-
-HERE = os.path.dirname(os.path.abspath(__file__))
+from guarded import child_env
 
 
 def cache_entries(fn) -> int:
@@ -161,8 +159,7 @@ def check(report: dict, rounds: int) -> None:
 
 def test_fresh_process():
     """A child that installs fxguard with the option, then compiles cold."""
-    env = dict(os.environ, TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCHINDUCTOR_AUTOGRAD_CACHE="0",
-               PYTHONPATH=os.pathsep.join([HERE, os.path.dirname(HERE)] + sys.path))
+    env = child_env(TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCHINDUCTOR_AUTOGRAD_CACHE="0")
     done = subprocess.run([sys.executable, __file__, "1"], capture_output=True, text=True,
                           env=env, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]

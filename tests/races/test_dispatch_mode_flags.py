@@ -19,7 +19,7 @@ import threading
 
 import pytest
 import torch
-from guarded import run_together
+from guarded import holding_op, run_together
 from torch.utils import _python_dispatch as dispatch
 from torch.utils._python_dispatch import TorchDispatchMode, is_in_torch_dispatch_mode
 
@@ -102,19 +102,14 @@ def test_thread_in_no_mode_does_not_see_another_threads_compile(applied):
     """A is held inside dynamo's tracing, where FakeTensorMode (an infra mode)
     runs a custom op's fake implementation; B reads the flags meanwhile."""
     inside, release, seen = threading.Event(), threading.Event(), {}
-    name = f"fxguard_test::held_{applied}"
 
-    @torch.library.custom_op(name, mutates_args=())
-    def held(x: torch.Tensor) -> torch.Tensor:
-        return x.clone()
-
-    @held.register_fake
-    def _(x):
+    def hold_the_compiler():
         if threading.current_thread().name == "compiler":
             seen["a"] = is_in_torch_dispatch_mode()
             inside.set()
             assert release.wait(HOLD)
-        return torch.empty_like(x)
+
+    held = holding_op(f"fxguard_test::held_{applied}", hold_the_compiler)
 
     def a():
         torch.compile(lambda x: held(x) + 1, backend="eager")(torch.ones(3))

@@ -22,7 +22,7 @@ import threading
 import pytest
 import torch
 import torch._dynamo.convert_frame as convert_frame
-from guarded import apply_way, concurrent_ways, run_together
+from guarded import apply_way, concurrent_ways, holding_op, run_together
 
 HOLD = 60.0
 
@@ -35,6 +35,21 @@ def run_named(**targets) -> None:
     for t in threads:
         t.join(3 * HOLD)
     assert not any(t.is_alive() for t in threads), "a thread did not finish"
+
+
+def a_until_b_then_b_until_a_done(a_held, b_held, a_done, b_inside=lambda: None):
+    """Where a test holds threads A and B (once each): A until B is held there
+    too, B until A is done; then ``b_inside()``, in B, still held."""
+    def hold():
+        me = threading.current_thread().name
+        if me == "A" and not a_held.is_set():
+            a_held.set()
+            assert b_held.wait(HOLD)
+        elif me == "B" and not b_held.is_set():
+            b_held.set()
+            assert a_done.wait(HOLD)
+            b_inside()
+    return hold
 
 
 def exists(path: str) -> bool:
@@ -77,18 +92,13 @@ def test_each_compile_guards_on_its_own_threads_grad_mode(way, monkeypatch, clea
     or A's guard building reads the global: B's, stock."""
     apply_way(way, monkeypatch, lock_hides=True)
     a_held, b_inside, a_done, seen = threading.Event(), threading.Event(), threading.Event(), {}
-    name = f"fxguard_test::hold_global_state_{way.replace(' ', '_')}"
 
-    @torch.library.custom_op(name, mutates_args=())
-    def hold(x: torch.Tensor) -> torch.Tensor:
-        return x.clone()
-
-    @hold.register_fake
-    def _(x):
+    def hold_a_once():
         if threading.current_thread().name == "A" and not a_held.is_set():
             a_held.set()
             assert b_inside.wait(HOLD)
-        return torch.empty_like(x)
+
+    hold = holding_op(f"fxguard_test::hold_global_state_{way.replace(' ', '_')}", hold_a_once)
 
     def fa(x):
         y = hold(x) * 2
@@ -192,11 +202,6 @@ def test_overlapping_joint_traces_leave_anomaly_mode_off(way, monkeypatch):
     it, and on for good after (every autograd node then records a stack)."""
     apply_way(way, monkeypatch, lock_hides=True)
     a_held, b_held, a_done, seen = threading.Event(), threading.Event(), threading.Event(), {}
-    name = f"fxguard_test::hold_joint_{way.replace(' ', '_')}"
-
-    @torch.library.custom_op(name, mutates_args=())
-    def hold(x: torch.Tensor) -> torch.Tensor:
-        return x.clone()
 
     def in_joint_trace() -> bool:  # this thread's AOTAutograd joint trace, not dynamo's
         frame = sys._getframe(2)
@@ -206,19 +211,12 @@ def test_overlapping_joint_traces_leave_anomaly_mode_off(way, monkeypatch):
             frame = frame.f_back
         return False
 
-    @hold.register_fake
-    def _(x):
-        me = threading.current_thread().name
-        if in_joint_trace():
-            if me == "A" and not a_held.is_set():
-                a_held.set()
-                assert b_held.wait(HOLD)
-            elif me == "B" and not b_held.is_set():
-                b_held.set()
-                assert a_done.wait(HOLD)
-                seen["b inside its trace"] = torch.is_anomaly_enabled()
-        return torch.empty_like(x)
+    def b_inside():
+        seen["b inside its trace"] = torch.is_anomaly_enabled()
 
+    a_then_b = a_until_b_then_b_until_a_done(a_held, b_held, a_done, b_inside)
+    hold = holding_op(f"fxguard_test::hold_joint_{way.replace(' ', '_')}",
+                      lambda: in_joint_trace() and a_then_b())
     hold.register_autograd(lambda ctx, grad: grad)
 
     def a():
@@ -314,22 +312,8 @@ def test_overlapping_compiles_leave_graph_module_codegen_as_it_was(way, monkeypa
     apply_way(way, monkeypatch, lock_hides=True)
     original = convert_frame.original_forward_from_src
     a_held, b_held, a_done, seen = threading.Event(), threading.Event(), threading.Event(), {}
-    name = f"fxguard_test::hold_codegen_{way.replace(' ', '_')}"
-
-    @torch.library.custom_op(name, mutates_args=())
-    def hold(x: torch.Tensor) -> torch.Tensor:
-        return x.clone()
-
-    @hold.register_fake
-    def _(x):
-        me = threading.current_thread().name
-        if me == "A" and not a_held.is_set():
-            a_held.set()
-            assert b_held.wait(HOLD)
-        elif me == "B" and not b_held.is_set():
-            b_held.set()
-            assert a_done.wait(HOLD)
-        return torch.empty_like(x)
+    hold = holding_op(f"fxguard_test::hold_codegen_{way.replace(' ', '_')}",
+                      a_until_b_then_b_until_a_done(a_held, b_held, a_done))
 
     def a():
         try:

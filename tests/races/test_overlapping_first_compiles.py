@@ -17,7 +17,6 @@ Three ways (guarded.concurrent_ways); compile_lock, which hides these races,
 is made a no-op in the first two.
 """
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -25,11 +24,10 @@ import threading
 
 import pytest
 import torch
-from guarded import apply_way, concurrent_ways, wait_until, needs_the_gil
+from guarded import apply_way, child_env, concurrent_ways, needs_the_gil, on_stack, wait_until
 
 pytestmark = needs_the_gil
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 HOLD = 120.0
 
 # A fresh process: patterns, once registered, stay registered.
@@ -39,7 +37,7 @@ CHILD = textwrap.dedent("""
     import torch._dynamo.convert_frame as convert_frame
     from torch._inductor.fx_passes import post_grad
     from fxguard.machinery.once import OnceCall
-    from guarded import NoLock, wait_until
+    from guarded import NoLock, on_stack, wait_until
 
     way, HOLD = sys.argv[1], 120.0
     # A stops as post_grad's own set-up body starts (the one whose second run
@@ -72,20 +70,13 @@ CHILD = textwrap.dedent("""
                 seen[name] = f"{type(e).__name__}: {str(e)[:160]}"
         return threading.Thread(target=run, name=name, daemon=True)
 
-    def on_once_lock(thread):
-        frame = sys._current_frames().get(thread.ident)
-        while frame is not None:
-            if frame.f_code is OnceCall.__call__.__code__:
-                return True
-            frame = frame.f_back
-        return False
-
     a = compile_in("a", lambda x: (x * 2).relu(), stop_at_registration)
     b = compile_in("b", lambda x: x.sin() + 1)
     a.start()
     assert held.wait(HOLD), "A never reached pattern registration"
     b.start()
-    wait_until(lambda: not b.is_alive() or on_once_lock(b), "B done or on the once-lock")
+    wait_until(lambda: not b.is_alive() or on_stack(b, OnceCall.__call__.__code__),
+               "B done or on the once-lock")
     release.set()
     a.join(HOLD); b.join(HOLD)
     print(json.dumps(seen))
@@ -95,8 +86,7 @@ CHILD = textwrap.dedent("""
 @concurrent_ways()
 def test_pattern_registration_runs_once_when_first_compiles_overlap(way):
     # No FX-graph/AOT cache hits: a hit skips the graph passes and their set-up.
-    env = dict(os.environ, TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCHINDUCTOR_AUTOGRAD_CACHE="0",
-               PYTHONPATH=os.pathsep.join([os.path.dirname(HERE)] + [p for p in sys.path if p]))
+    env = child_env(TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCHINDUCTOR_AUTOGRAD_CACHE="0")
     done = subprocess.run([sys.executable, "-c", CHILD, way], capture_output=True, text=True,
                           env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -158,20 +148,13 @@ def test_builtin_map_is_whole_for_a_second_compile(way, monkeypatch, empty_built
                 seen[name] = f"{type(e).__name__}: {str(e)[:160]}"
         return threading.Thread(target=run, name=name, daemon=True)
 
-    def on_once_lock(thread):
-        frame = sys._current_frames().get(thread.ident)
-        while frame is not None:
-            if frame.f_code is OnceCall.__call__.__code__:
-                return True
-            frame = frame.f_back
-        return False
-
     a = compile_in("a", lambda x, y: x - y, stop_once_the_map_has_an_entry)
     b = compile_in("b", lambda x, y: (x & y) + (x | y))
     a.start()
     assert held.wait(HOLD), "A never filled the map"
     b.start()
-    wait_until(lambda: not b.is_alive() or on_once_lock(b), "B done or on the once-lock")
+    wait_until(lambda: not b.is_alive() or on_stack(b, OnceCall.__call__.__code__),
+               "B done or on the once-lock")
     release.set()
     a.join(HOLD)
     b.join(HOLD)

@@ -251,8 +251,8 @@ def _shared_lock(row: rows.SharedLockRow, options: dict, planner: Planner, chang
         return [Row(row.what, row.where, Outcome.NOT_COVERED,
                     f"{name} is a {type(current).__name__}, not the RLock fxguard knows")]
     functions = [_function(where) for where in row.shared_in]
-    if None in functions or any("frame" not in fn.__code__.co_varnames[:fn.__code__.co_argcount]
-                                for fn in functions):
+    if None in functions or per_code and any(  # PER_CODE_HELD reads the frame argument
+            "frame" not in fn.__code__.co_varnames[:fn.__code__.co_argcount] for fn in functions):
         return [Row(row.what, row.where, Outcome.NOT_AVAILABLE)]
     lock, keyed = shared_lock.SharedLock(), shared_lock.KeyedLock() if per_code else None
     made = [Change(row.what, owner, name, lock)]

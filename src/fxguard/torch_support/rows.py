@@ -280,14 +280,8 @@ REGISTER_CONFIG_MODULE = """\
     return result
 """
 
-# Graph.python_code points every node's _repr_fn at its own namespace for the
-# length of the call and puts back what it found: two threads generating one
-# graph's code at once (the first calls of a fresh lazy GraphModule, which
-# compile once hands to every waiting thread together) name nodes from each
-# other's namespaces (UnboundLocalError in the generated forward, seen on 3.13t
-# with the GIL off) and leave the nodes' repr pointing at a finished namespace.
-# Code generation is short and holds no other lock.
-CODEGEN_LOCK = """\
+# A lock around the whole (short) function.
+LOCKED = """\
     with {ns}.lock:
         return {ns}.inner({call})
 """
@@ -311,8 +305,15 @@ WRAPPED: tuple[Wrapped, ...] = (
             (Swap("torch.autograd.graph._engine_run_backward", PUBLISH_BEFORE_BACKWARD,
                   (DYNAMO, ("publish_record", lambda: _core._publish_record))),),
             _config_lost_by_threads, option="config_follows_thread", carries_context=True),
+    # Graph.python_code points every node's _repr_fn at its own namespace for the
+    # length of the call and puts back what it found: two threads generating one
+    # graph's code at once (the first calls of a fresh lazy GraphModule, which
+    # compile once hands to every waiting thread together) name nodes from each
+    # other's namespaces (UnboundLocalError in the generated forward, seen on 3.13t
+    # with the GIL off) and leave the nodes' repr pointing at a finished namespace.
+    # Code generation is short and holds no other lock.
     Wrapped("graph codegen lock",
-            (Swap("torch.fx.graph.Graph.python_code", CODEGEN_LOCK, (("lock", _core.RLock),),
+            (Swap("torch.fx.graph.Graph.python_code", LOCKED, (("lock", _core.RLock),),
                   params=("self",)),)),
 )
 
@@ -513,11 +514,7 @@ ONCE: tuple[Once, ...] = (
 # Ids allocated by `+= 1` in small functions: two compiles at once got equal
 # ids (CompileId frame ids, per-frame compile counts, meta-tensor describer ids,
 # which key memo tables, the linecache keys of generated GraphModule code).
-# One lock around each whole (small) function.
-LOCKED = """\
-    with {ns}.lock:
-        return {ns}.inner({call})
-"""
+# One lock around each whole (small) function (LOCKED, as the codegen lock).
 _ids_lock = threading.RLock()
 IDS = (("lock", lambda: _ids_lock),)
 ID_LOCKS: tuple[Wrapped, ...] = (

@@ -25,7 +25,9 @@ import traceback
 # first (torch 2.11's CUDA wheels without a GPU otherwise keep a compiling
 # thread's fake device guard after that thread ends: README, Limits).
 import torch  # noqa: F401
-from guarded import child_env
+from guarded import child_env, needs_the_gil
+
+pytestmark = needs_the_gil
 
 
 def cache_entries(fn) -> int:

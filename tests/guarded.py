@@ -122,6 +122,24 @@ def child_env(**extra: str) -> dict:
     return dict(os.environ, PYTHONPATH=os.pathsep.join(path), **extra)
 
 
+_fresh_names = iter(range(1 << 62))
+
+
+def fresh_function(source: str, name: str = "f", namespace: dict | None = None):
+    """Function ``name`` defined by ``source`` in a code object nothing saw
+    before, with its source where inspect finds it (linecache): torch.compile
+    routes a function without one through a wrapper code the whole process
+    shares (external_utils.wrap_inline, pytorch/pytorch#124269), whose cache
+    entries outlive it and share one recompile_limit (past it, every later
+    such function runs eager) and which a skip marks instead of the function."""
+    import linecache
+    filename = f"<fxguard fresh {next(_fresh_names)}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    namespace = {} if namespace is None else namespace
+    exec(compile(source, filename, "exec"), namespace)
+    return namespace[name]
+
+
 def wait_until(predicate, what: str, timeout: float = 120.0) -> None:
     """Poll ``predicate`` (a state, never a duration: the timeout only ends a hung test)."""
     import time

@@ -7,9 +7,10 @@ Thread work, new shapes (so new graphs) every round:
 - an MLP with backward (eager backward: its backward compiles with the forward);
 - dynamic shapes across a graph break (three lengths, one compile per piece).
 
-Every round: no error, every result equal to eager, the guards a thread built
-pass in that thread (a second call adds no cache entry), and afterwards no
-flag is left set, in any thread.  The deterministic races these rows fix are in
+Every round: no error, every result equal to eager, each function compiled
+(its code holds a cache entry: a call that ran eager fails) and the guards a
+thread built pass in that thread (a second call adds no cache entry), and
+afterwards no flag is left set, in any thread.  The deterministic races these rows fix are in
 the other ``test_overlapping_*``/``test_compile_*`` files; this one only says
 that real compiles overlapping in every way they like still come out right.
 """
@@ -25,14 +26,28 @@ import traceback
 # first (torch 2.11's CUDA wheels without a GPU otherwise keep a compiling
 # thread's fake device guard after that thread ends: README, Limits).
 import torch  # noqa: F401
-from guarded import child_env, needs_the_gil
+from guarded import child_env, fresh_function, needs_the_gil
 
 pytestmark = needs_the_gil
 
 
-def cache_entries(fn) -> int:
+def cache_entries(code) -> int:
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-    return len(_debug_get_cache_entry_list(getattr(fn, "__code__", fn)))
+    return len(_debug_get_cache_entry_list(code))
+
+
+def compiled_and_guards_hold(name: str, code, call_again) -> list[str]:
+    """``code`` was just called through torch.compile in this thread: it must
+    hold a cache entry (else it ran eager), and calling it again with the same
+    input must add none (else the guards it built failed in its own thread)."""
+    from torch._dynamo.utils import guard_failures
+    entries = cache_entries(code)
+    if entries == 0:
+        return [f"{name}: not compiled (ran eager)"]
+    call_again()
+    if cache_entries(code) == entries:
+        return []
+    return [f"{name}: guards failed in own thread: {guard_failures.get(code, [])[-1:]}"]
 
 
 def flex_step(r: int) -> list[str]:
@@ -47,9 +62,8 @@ def flex_step(r: int) -> list[str]:
     mask = create_block_mask(causal, 1, 2, size, size, device="cpu")
     compiled = torch.compile(flex_attention)
     out = compiled(q, k, v, block_mask=mask)
-    entries = cache_entries(flex_attention)
-    compiled(q, k, v, block_mask=mask)
-    problems = [] if cache_entries(flex_attention) == entries else ["flex: guards failed in own thread"]
+    problems = compiled_and_guards_hold("flex", flex_attention.__code__,
+                                        lambda: compiled(q, k, v, block_mask=mask))
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # eager flex_attention's "use torch.compile" warning
@@ -57,20 +71,32 @@ def flex_step(r: int) -> list[str]:
     return problems + ([] if torch.allclose(out, ref, atol=1e-4, rtol=1e-4) else ["flex: differs"])
 
 
+class MLP(torch.nn.Module):
+    """Defined here, not an ``nn.Sequential``: torch.compile routes a module
+    whose forward is torch's own through one wrapper code shared by the whole
+    process (``external_utils.wrap_inline``), so its cache entries would not be
+    on ``forward`` and the checks below would see nothing."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.inner = torch.nn.Linear(width, 2 * width)
+        self.outer = torch.nn.Linear(2 * width, 4)
+
+    def forward(self, x):
+        return self.outer(torch.relu(self.inner(x)))
+
+
 def mlp_step(r: int) -> list[str]:
     import torch
     width = 16 * (r + 2)
     torch.manual_seed(r)
-    net = torch.nn.Sequential(torch.nn.Linear(width, 2 * width), torch.nn.ReLU(),
-                              torch.nn.Linear(2 * width, 4))
+    net = MLP(width)
     x = torch.randn(8, width)
     compiled = torch.compile(net)
     out = compiled(x)
     out.sum().backward()
     grads = [p.grad.clone() for p in net.parameters()]
-    entries = cache_entries(type(net).forward)
-    compiled(x)
-    problems = [] if cache_entries(type(net).forward) == entries else ["mlp: guards failed"]
+    problems = compiled_and_guards_hold("mlp", MLP.forward.__code__, lambda: compiled(x))
     net.zero_grad()
     ref = net(x)
     ref.sum().backward()
@@ -81,22 +107,17 @@ def mlp_step(r: int) -> list[str]:
 
 def dynamic_step(r: int) -> list[str]:
     import torch
-    namespace: dict = {}
-    source = (f"def f(x):\n    y = (x * {r + 2}).cos()\n    torch._dynamo.graph_break()\n"
-              f"    return y.sum(0) + {r}\n")
-    exec(compile(source, f"<fxguard stress {r}>", "exec"), {"torch": torch}, namespace)
-    f = namespace["f"]
+    f = fresh_function(f"def f(x):\n    y = (x * {r + 2}).cos()\n    torch._dynamo.graph_break()\n"
+                       f"    return y.sum(0) + {r}\n", namespace={"torch": torch})
     compiled = torch.compile(f, dynamic=True)
     problems = []
     for n in (5, 9, 13):
         x = torch.randn(n, 3)
         if not torch.allclose(compiled(x), f(x), atol=1e-5):
             problems.append(f"dynamic: differs at length {n}")
-    entries = cache_entries(f)
-    compiled(torch.randn(7, 3))
-    if cache_entries(f) != entries:
-        problems.append("dynamic: recompiled for a new length (guards failed)")
-    return problems
+    # A new length: the dynamic graph's guards must cover it.
+    return problems + compiled_and_guards_hold("dynamic", f.__code__,
+                                               lambda: compiled(torch.randn(7, 3)))
 
 
 STEPS = (flex_step, mlp_step, dynamic_step)

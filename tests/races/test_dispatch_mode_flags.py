@@ -19,7 +19,7 @@ import threading
 
 import pytest
 import torch
-from guarded import holding_op, run_together
+from guarded import fresh_function, holding_op, run_together
 from torch.utils import _python_dispatch as dispatch
 from torch.utils._python_dispatch import TorchDispatchMode, is_in_torch_dispatch_mode
 
@@ -157,14 +157,6 @@ def test_interleaved_enter_exit_leave_no_flag_stuck(applied):
     assert seen["main after"] == expected(seen["main after"], False), seen
 
 
-def fresh_function():
-    """A function whose code object no earlier test saw: dynamo marks a code it
-    skipped as skipped for good (see below), so each run needs its own."""
-    namespace: dict = {}
-    exec("def f(x):\n    return x + 1\n", namespace)
-    return namespace["f"]
-
-
 @both_ways()
 def test_compiled_call_runs_compiled_while_another_thread_is_in_a_user_mode(applied):
     """The harm: dynamo's frame callback skips a frame (it runs eager) while the
@@ -181,7 +173,8 @@ def test_compiled_call_runs_compiled_while_another_thread_is_in_a_user_mode(appl
         graphs.append(threading.current_thread().name)
         return gm.forward
 
-    compiled = torch.compile(fresh_function(), backend=counting)
+    # Dynamo marks a code it skipped as skipped for good (see above): each run needs its own.
+    compiled = torch.compile(fresh_function("def f(x):\n    return x + 1\n"), backend=counting)
 
     def a():
         with UserMode():

@@ -127,8 +127,8 @@ _fresh_names = iter(range(1 << 62))
 
 def fresh_function(source: str, name: str = "f", namespace: dict | None = None):
     """Function ``name`` defined by ``source`` in a code object nothing saw
-    before, with its source where inspect finds it (linecache): torch.compile
-    routes a function without one through a wrapper code the whole process
+    before, with its source where inspect finds it (linecache): torch 2.11
+    compiles a function without one through a wrapper code the whole process
     shares (external_utils.wrap_inline, pytorch/pytorch#124269), whose cache
     entries outlive it and share one recompile_limit (past it, every later
     such function runs eager) and which a skip marks instead of the function."""

@@ -1,4 +1,5 @@
 """Race tests run both ways: guard off must fail on a torch that races."""
+import itertools
 import threading
 
 import pytest
@@ -122,7 +123,7 @@ def child_env(**extra: str) -> dict:
     return dict(os.environ, PYTHONPATH=os.pathsep.join(path), **extra)
 
 
-_fresh_names = iter(range(1 << 62))
+_fresh_names = itertools.count()
 
 
 def fresh_function(source: str, name: str = "f", namespace: dict | None = None):

@@ -22,7 +22,7 @@ import threading
 
 import pytest
 import torch
-from guarded import apply_way, concurrent_ways, held_in, wait_until, needs_the_gil
+from guarded import apply_way, concurrent_ways, held_in, needs_the_gil, wait_until
 
 import fxguard
 

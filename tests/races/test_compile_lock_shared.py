@@ -174,8 +174,6 @@ def test_reset_waits_for_a_compile_in_flight_without_the_lock():
     assert json.loads(done.stdout.strip().splitlines()[-1]) == ["compile ends", "reset done"]
 
 
-
-
 def module_state() -> dict:
     """convert_frame's globals, less the frame counter a compile moves on."""
     return {k: v for k, v in vars(convert_frame).items() if k != "FRAME_COUNTER"}

@@ -10,9 +10,10 @@ Thread work, new shapes (so new graphs) every round:
 Every round: no error, every result equal to eager, each function compiled
 (its code holds a cache entry: a call that ran eager fails) and the guards a
 thread built pass in that thread (a second call adds no cache entry), and
-afterwards no flag is left set, in any thread.  The deterministic races these rows fix are in
-the other ``test_overlapping_*``/``test_compile_*`` files; this one only says
-that real compiles overlapping in every way they like still come out right.
+afterwards no flag is left set, in any thread.  The deterministic races these
+rows fix are in the other ``test_overlapping_*``/``test_compile_*`` files; this
+one only says that real compiles overlapping in every way they like still come
+out right.
 """
 from __future__ import annotations
 

@@ -100,7 +100,14 @@ class _Torch:
 
 def changes(state: CompileOnce) -> list[Change]:
     """The changes that put the mechanism in.  Raises NotAvailable, changing
-    nothing, on a torch without the layout it knows."""
+    nothing, on a torch without the layout it knows or with the GIL off."""
+    from .. import interpreter
+    if not interpreter.gil_enabled():
+        # Seen on 3.13t with torch 2.12: the process aborted while a compile
+        # walked the code's cache entries (compute_cache_size) and threads that
+        # had shared a compile ran it; dynamo's C cache takes no lock of its own.
+        raise NotAvailable("the GIL off: dynamo's cache entries are not safe to read while "
+                           "other threads run the same code", where="on this Python")
     t = _find_torch()
     call = _make_callback(state, t)
     ccs = _make_compute_cache_size(t)
@@ -110,14 +117,6 @@ def changes(state: CompileOnce) -> list[Change]:
 
 def _find_torch() -> _Torch:
     import torch  # noqa: F401
-
-    from .. import interpreter
-    if not interpreter.gil_enabled():
-        # Seen on 3.13t with torch 2.12: the process aborted while a compile
-        # walked the code's cache entries (compute_cache_size) and threads that
-        # had shared a compile ran it; dynamo's C cache takes no lock of its own.
-        raise NotAvailable("the GIL off: dynamo's cache entries are not safe to read while "
-                           "other threads run the same code", where="on this Python")
     try:
         from torch._dynamo import convert_frame, eval_frame, guards
         from torch._dynamo import types as dtypes

@@ -10,10 +10,10 @@ from .races import TIMEOUT, RaceResult
 
 
 def available() -> bool:
-    """Whether this torch has the layout the "compile once" row needs."""
+    """Whether the "compile once" row is available here (torch's layout, the GIL)."""
     from ..torch_support import compile_once
     try:
-        compile_once._find_torch()
+        compile_once.find()
     except (compile_once.NotAvailable, RuntimeError):
         return False
     return True

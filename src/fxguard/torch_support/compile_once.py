@@ -100,7 +100,17 @@ class _Torch:
 
 def changes(state: CompileOnce) -> list[Change]:
     """The changes that put the mechanism in.  Raises NotAvailable, changing
-    nothing, on a torch without the layout it knows or with the GIL off."""
+    nothing, where it is not available (``find``)."""
+    t = find()
+    call = _make_callback(state, t)
+    ccs = _make_compute_cache_size(t)
+    return [Change(LABEL, t.callback_cls, "__call__", call),
+            Change(LABEL, t.convert_frame, "compute_cache_size", ccs)]
+
+
+def find() -> _Torch:
+    """What the mechanism needs; NotAvailable on a torch without the layout it
+    knows or with the GIL off."""
     from .. import interpreter
     if not interpreter.gil_enabled():
         # Seen on 3.13t with torch 2.12: the process aborted while a compile
@@ -108,11 +118,7 @@ def changes(state: CompileOnce) -> list[Change]:
         # had shared a compile ran it; dynamo's C cache takes no lock of its own.
         raise NotAvailable("the GIL off: dynamo's cache entries are not safe to read while "
                            "other threads run the same code", where="on this Python")
-    t = _find_torch()
-    call = _make_callback(state, t)
-    ccs = _make_compute_cache_size(t)
-    return [Change(LABEL, t.callback_cls, "__call__", call),
-            Change(LABEL, t.convert_frame, "compute_cache_size", ccs)]
+    return _find_torch()
 
 
 def _find_torch() -> _Torch:

@@ -17,11 +17,12 @@ atexit.register(shutil.rmtree, _cache, True)
 
 @pytest.fixture(scope="session", autouse=True)
 def main_thread_compiles_first():
-    """torch 2.11's CUDA wheels on a machine without a GPU crash (segfault in
-    FakeTensorMode.__enter__) when a thread compiles after another compiling
-    thread has exited, unless the main thread compiled first; stock torch does
-    it without fxguard (seen 2026-12-02).  Compile once here, if a collected test
-    module imported torch: torch-free runs (the sanitizer job) never load it."""
+    """On a CUDA build without a GPU, torch 2.11 registers the fake CUDA guard
+    as a thread_local of the first thread that compiles: once that thread ends,
+    the next compile of any thread segfaults.  install() registers it from the
+    main thread (row "CUDA device guard up front"); stock-mode tests get the same
+    from one compile here, if a collected test module imported torch (torch-free
+    runs, the sanitizer job, never load it)."""
     import sys
     if "torch" not in sys.modules:
         return

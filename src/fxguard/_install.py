@@ -83,6 +83,8 @@ def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
                 return status()
             _uninstall_locked()
         facts, prepared = _prepare(chosen)  # raises before touching torch
+        for register in prepared.up_front:  # what torch itself would do lazily, never undone
+            register()
         try:
             for change in prepared.changes:
                 originals.apply(change)

@@ -11,13 +11,13 @@ import importlib
 import threading
 import types
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from ..machinery import (codegen, exact_counters, once, originals, overlay, per_thread_attrs,
                          per_thread_patching, shared_lock, shared_window)
 from ..machinery.changes import Change, NotCovered, Outcome, Row
 from ..machinery.per_thread_globals import Planner
-from . import compile_once, config, rows
+from . import compile_once, config, device_guard, rows
 from .facts import MODULE_GLOBAL, TorchFacts, UnsupportedTorchError
 
 
@@ -30,12 +30,14 @@ class Prepared:
     carry_context: bool                   # records note their thread's Context
     concurrent: list[Row]                 # the rows of option concurrent_compiles (also in rows)
     compile_once: compile_once.CompileOnce | None  # its counters, where the row is patched
+    up_front: list[Callable[[], None]]    # one-time registrations, made before any change
 
 
 def prepare(facts: TorchFacts, options: dict[str, bool]) -> Prepared:
     """Everything install() will change, computed without changing anything.
     UnsupportedTorchError where the FX flag's own row cannot be followed."""
     planner, plan_rows = Planner(), []
+    guard_row, register = device_guard.plan()
     for row in rows.PER_THREAD:
         plan_rows.append(_per_thread(planner, row, facts))
     concurrent = [_concurrent_per_thread(planner, row, options) for row in rows.CONCURRENT_PER_THREAD]
@@ -56,8 +58,9 @@ def prepare(facts: TorchFacts, options: dict[str, bool]) -> Prepared:
     row, shared = _compile_once(options, changes)
     plan_rows.append(row)
     concurrent += _concurrent(options, planner, changes, facts, once_per_code=shared is not None)
+    plan_rows.append(guard_row)
     return Prepared(changes, plan_rows + concurrent, planner.defaults(), planner.initial(),
-                    carry_context, concurrent, shared)
+                    carry_context, concurrent, shared, [register] if register else [])
 
 
 def _per_thread(planner: Planner, row: Any, facts: TorchFacts) -> Row:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _core, interpreter
-from .machinery import code_cache, codegen, originals
+from .machinery import code_cache, codegen, originals, settle
 from .machinery.changes import Outcome, Row
 from .torch_support.rows import OFF_BY_DEFAULT, OPTIONS
 
@@ -86,10 +86,10 @@ def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
         for register in prepared.up_front:  # what torch itself would do lazily, never undone
             register()
         try:
-            for change in prepared.changes:
-                originals.apply(change)
+            # The core first: rewritten code reads its slots as soon as it is live.
             carried, workers = _configure_core(facts.layout, prepared.defaults,
                                                prepared.carry_context)
+            originals.apply_all(prepared.changes, _settle)
             for module, name, value in prepared.initial:  # this thread keeps what it had
                 setattr(vars(module)[codegen.TLS], name, value)
             if carried:  # records go to torch's thread-locals
@@ -225,9 +225,17 @@ def _uninstall_locked() -> None:
     if busy and _core._mode() == _core.MODE_PATCHED:
         raise RuntimeError(f"fxguard.uninstall(): {busy} thread(s) are inside an FX trace; "
                            "uninstall after they finish")
-    originals.revert_all()
+    originals.revert_all(_settle)
     _core._configure(_core.MODE_OFF)
     _installed = None
+
+
+def _settle(codes: list) -> None:
+    """Let other threads leave the code a change retires before names go."""
+    busy = settle.settle(codes)
+    if busy:
+        log.warning("fxguard: thread(s) %s still ran torch code that was just replaced; "
+                    "they may read a name that is gone", ", ".join(sorted(set(busy))))
 
 
 def is_installed() -> bool:

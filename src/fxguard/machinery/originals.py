@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 import types
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from .changes import Change
 
@@ -100,9 +100,46 @@ def _restore_version(fn: types.FunctionType, version: int, defaults: Any, kwdefa
         _core._restore_function_version(fn, version)
 
 
-def revert_all() -> None:
+def apply_all(changes: list[Change], settle: Callable[[list[types.CodeType]], None]) -> None:
+    """Apply every change: deletions last, after ``settle(old codes)`` has let
+    other threads leave the code the ``__code__`` changes retired."""
+    deletions = [c for c in changes if c.value is MISSING]
+    retired = []
+    for change in changes:
+        if change.value is not MISSING:
+            patch = apply(change)
+            if patch.attr == "__code__" and isinstance(patch.original, types.CodeType):
+                retired.append(patch.original)
+    if deletions:
+        names = {change.attr for change in deletions}
+        settle([code for code in retired if _uses(code, names)])
+        for change in deletions:
+            apply(change)
+
+
+def _uses(code: types.CodeType, names: set[str]) -> bool:
+    """Whether code (or code nested in it) names one of ``names``."""
+    return not names.isdisjoint(code.co_names) or any(
+        _uses(const, names) for const in code.co_consts if isinstance(const, types.CodeType))
+
+
+def revert_all(settle: Callable[[list[types.CodeType]], None] | None = None) -> None:
+    """Undo every patch, newest first; names that fxguard added go last, after
+    ``settle(the codes it had swapped in)``."""
+    added, retired = [], []
     while _applied:
-        revert(_applied.pop())
+        patch = _applied.pop()
+        if patch.original is MISSING and patch.value is not MISSING:
+            added.append(patch)
+            continue
+        if patch.attr == "__code__" and isinstance(patch.value, types.CodeType):
+            retired.append(patch.value)
+        revert(patch)
+    if added and settle is not None:
+        names = {patch.attr for patch in added}
+        settle([code for code in retired if _uses(code, names)])
+    for patch in added:
+        revert(patch)
 
 
 def applied() -> tuple[Patch, ...]:

@@ -40,7 +40,8 @@ _installed: Installed | None = None
 
 def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
             eager_backward: bool = True, config_follows_thread: bool = True,
-            compile_once: bool = True, concurrent_compiles: bool = False) -> dict:
+            compile_once: bool = True, concurrent_compiles: bool = False,
+            rng_not_rewound: bool = True) -> dict:
     """Make torch's trace state per-thread.  Idempotent; returns status().
 
     Every option is keyword-only and True or False (anything else: TypeError):
@@ -64,6 +65,9 @@ def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
       ``status()["concurrent_compiles"]`` says whether its stress suite was run
       on this torch.  One function's compiles still run one at a time (with
       ``compile_once``, threads that miss together share one).
+    - ``rng_not_rewound``: a compile no longer sets the CPU and CUDA random
+      generators back while other threads run, so their draws are never
+      repeated (single-threaded, the restore happens as stock).
 
     Raises UnsupportedTorchError, leaving torch untouched, on a torch whose
     layout fxguard does not know.  Logs what it did on the "fxguard" logger.
@@ -73,7 +77,8 @@ def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
     global _installed
     chosen = _chosen(block_mask_lock=block_mask_lock, config_window_lock=config_window_lock,
                      eager_backward=eager_backward, config_follows_thread=config_follows_thread,
-                     compile_once=compile_once, concurrent_compiles=concurrent_compiles)
+                     compile_once=compile_once, concurrent_compiles=concurrent_compiles,
+                     rng_not_rewound=rng_not_rewound)
     # torch is imported outside the lock: with FXGUARD=1 the start-up hook
     # installs as torch finishes importing, in this very thread.
     import torch  # noqa: F401

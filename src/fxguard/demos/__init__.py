@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..torch_support.facts import TorchFacts
-from . import config_limit, duplicate_compile, races
+from . import config_limit, duplicate_compile, races, rng_rewind
 from .races import RaceResult
 
 
@@ -43,4 +43,5 @@ DEMOS = (
     # Only where torch keeps config per thread: elsewhere there is nothing to follow.
     Demo(config_follows_thread, applies=lambda facts: facts.config_per_thread),
     Demo(duplicate_compile.duplicate_compile, applies=lambda facts: duplicate_compile.available()),
+    Demo(rng_rewind.rng_rewound),
 )

@@ -33,10 +33,11 @@ from ..machinery.per_thread_attrs import ClassAttr, InstanceAttr
 from ..machinery.per_thread_globals import FastReader, PerThread
 from ..machinery.shared_window import SharedWindow
 from ..machinery.per_thread_patching import ClassState, Patching
+from . import rng as _rng
 from .facts import FLAG, FLAG_MODULE, TorchFacts
 
 OPTIONS = ("block_mask_lock", "config_window_lock", "eager_backward", "config_follows_thread",
-           "compile_once", "concurrent_compiles")
+           "compile_once", "concurrent_compiles", "rng_not_rewound")
 OFF_BY_DEFAULT = ("concurrent_compiles",)  # every other option is on unless turned off
 
 
@@ -315,6 +316,27 @@ WRAPPED: tuple[Wrapped, ...] = (
     Wrapped("graph codegen lock",
             (Swap("torch.fx.graph.Graph.python_code", LOCKED, (("lock", _core.RLock),),
                   params=("self",)),)),
+)
+
+# A compile sets the CPU and CUDA generators back to where they were when it
+# started (preserve_global_state): while other threads run, that restore is
+# skipped, so their draws are never repeated (rng.py).
+SAVE_RNG = """\
+    if not {ns}.is_dynamo_compiling():
+        {ns}.saving()
+    return {ns}.inner({call})
+"""
+RESTORE_RNG = """\
+    if not {ns}.is_dynamo_compiling() and {ns}.skip():
+        return None
+    return {ns}.inner({call})
+"""
+WRAPPED += (
+    Wrapped("compile keeps others' random numbers",
+            tuple(Swap(f"{module}.{verb}_rng_state", body, (DYNAMO,) + _rng.helpers(generator))
+                  for module, generator in (("torch.random", "cpu"), ("torch.cuda.random", "cuda"))
+                  for verb, body in (("set", RESTORE_RNG), ("get", SAVE_RNG))),
+            _rng.needed, option="rng_not_rewound"),
 )
 
 # After CONFIG_DEFAULTS in status(): new threads start with their starter's config.

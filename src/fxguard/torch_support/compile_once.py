@@ -9,22 +9,24 @@ graph one after another, and every copy is a cache entry counted against
 
 ``changes(state)`` wraps that callback and ``compute_cache_size``:
 
-1. a thread entering the callback while another thread is inside it for the
-   same code object waits (GIL released) until that thread is done, so there is
-   one compile per code object at a time whatever ``compile_lock`` does;
-2. then (on every miss) it checks the frame's guards, from Python, against the
-   code object's cache entries and against results compiled but not yet in
-   the cache (C inserts an entry only after the callback has returned and
-   released ``compile_lock``);
-3. if one passes, the callback answers with that compile's code and a
-   *stand-in* guard manager whose guards never pass.  C makes the stand-in a
-   cache entry and runs the compiled code for this call (a strategy without
-   code would run the frame eager); later calls hit the real entry, so the
-   stand-in is never run again.  The wrapped ``compute_cache_size`` leaves
-   stand-ins out, so they cost no recompile budget;
-4. otherwise it compiles as stock torch does and publishes the result to the
-   threads waiting for it; a compile that raises or gives no code publishes
-   nothing, and they compile themselves.
+1. the callback passes the machinery's compile gate (``state.gate``): the first
+   thread to miss for a code object (told apart by identity) holds a ticket
+   and compiles as stock; a thread that misses while that compile is in flight
+   waits (GIL released) for that very compile;
+2. the waiter may run that compile if it has the same backend, torch has not
+   retired it (``reset``, ``reset_code_caches``, ``remove_from_cache``, an
+   object its guards match by id dying) and its guards pass for this frame;
+   otherwise it passes the gate again and compiles itself;
+3. to run it, the callback answers with that compile's code and a *stand-in*
+   guard manager whose guards never pass.  C makes the stand-in a cache entry
+   and runs the compiled code for this call (a strategy without code would run
+   the frame eager); later calls hit the real entry, so the stand-in is never
+   run again.  The wrapped ``compute_cache_size`` leaves stand-ins out, so
+   they cost no recompile budget; there is one per waiter that ran a shared
+   compile;
+4. nothing is kept once the waiters have the result: a later miss that waited
+   for nothing compiles, as stock does.  A compile that raises (Ctrl-C too) or
+   gives no code hands nothing on, and its waiters compile themselves.
 
 Nested callbacks (a compile that runs another compiled function) and threads
 holding ``compile_lock`` take the stock path: waiting there could deadlock.
@@ -33,25 +35,21 @@ Nothing here knows the rest of fxguard; ``changes`` only builds the changes
 
 Per torch (found at install, each a layout the tests ran on): the callback
 returns a ConvertFrameReturn (``wrap_guarded_code``) or, on 2.5, a GuardedCode
-whose guards are ``check_fn``; cache entries are listed per isolate-recompiles
-region (2.13+; own region, then the default one, as C's lookup does) or for the
-whole code object; ``compute_cache_size`` takes that list (2.13+) or the head
-of a linked list.  2.5's CacheEntry does not show its backend: there an entry
-is reused only if its compile was published here, with its backend.
+whose guards are ``check_fn``; ``compute_cache_size`` takes a list of entries
+(2.13+) or the head of a linked list.
 """
 from __future__ import annotations
 
 import dataclasses
 import threading
 import types
-import weakref
 from typing import Any, Callable
 
 from ..machinery.changes import Change
+from ..machinery.compile_gate import CompileGate
 
 LABEL = "compile once"
 _MISSING = object()
-_KEEP_PUBLISHED = 8  # results per code object kept until C has them in its cache
 
 
 class NotAvailable(RuntimeError):
@@ -63,21 +61,22 @@ class NotAvailable(RuntimeError):
 
 
 class CompileOnce:
-    """State of one install: who is inside the callback for which code object,
-    results published but maybe not yet in dynamo's cache, and counters."""
+    """State of one install: the gate (one compile per code object at a time,
+    its result handed to the threads that waited for it) and counters."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
-        self._busy: dict[types.CodeType, int] = {}        # code -> thread ident
-        self._published: dict[types.CodeType, list[tuple[Any, Any]]] = {}  # (backend, GuardedCode)
+        self.gate = CompileGate()
         self._nested = threading.local()
-        self._backends: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # guard -> backend
+        self._lock = threading.Lock()
         self.compiles_avoided = 0  # waiters that ran another thread's compile
-        self.waits = 0             # callbacks that waited for another thread's
 
     def counters(self) -> dict[str, int]:
-        with self._cond:
-            return {"compiles_avoided": self.compiles_avoided, "waits": self.waits}
+        with self._lock:
+            return {"compiles_avoided": self.compiles_avoided, "waits": self.gate.waits}
+
+    def _avoided(self) -> None:
+        with self._lock:
+            self.compiles_avoided += 1
 
 
 @dataclasses.dataclass
@@ -92,10 +91,8 @@ class _Torch:
     guarded_code: type
     wrap: Callable[[Any], Any]           # GuardedCode -> what the callback returns
     unwrap: Callable[[Any], Any]         # callback result -> GuardedCode | None
-    entries: Callable[[types.CodeType], list]
     all_entries: Callable[[types.CodeType], list]
     standin_cls: type
-    deleted_cls: type | None
 
 
 def changes(state: CompileOnce) -> list[Change]:
@@ -158,19 +155,7 @@ def _find_torch() -> _Torch:
         wrap = lambda g: g  # noqa: E731
         unwrap = lambda r: r if isinstance(r, guarded_code) else None  # noqa: E731
 
-    ef = torch._C._dynamo.eval_frame
-    if hasattr(ef, "_get_cache_entries_for_region"):
-        region_of = ef.get_eval_frame_isolate_recompiles_id
-        by_region = ef._get_cache_entries_for_region
-
-        def entries(code: types.CodeType) -> list:
-            """The entries C's lookup searches, in its order: own region, then default."""
-            rid = region_of()
-            found = list(by_region(code, rid))
-            return found + list(by_region(code, -1)) if rid >= 0 else found
-    elif hasattr(eval_frame, "_debug_get_cache_entry_list"):
-        entries = eval_frame._debug_get_cache_entry_list
-    else:
+    if not hasattr(eval_frame, "_debug_get_cache_entry_list"):
         raise NotAvailable("no way to list a code object's cache entries")
     all_entries = eval_frame._debug_get_cache_entry_list
 
@@ -185,8 +170,7 @@ def _find_torch() -> _Torch:
     if not hasattr(convert_frame.compile_lock, "_is_owned"):
         raise NotAvailable("compile_lock cannot tell whether this thread holds it")
     return _Torch(convert_frame, cls, call, convert_frame.compute_cache_size, backend_attr,
-                  guard_attr, guarded_code, wrap, unwrap, entries, all_entries, standin,
-                  deleted)
+                  guard_attr, guarded_code, wrap, unwrap, all_entries, standin)
 
 
 def _never(_: object) -> bool:
@@ -259,47 +243,29 @@ def _backend_of(callback: Any, attr: str) -> Any:
         callback = inner
 
 
-def _find(state: CompileOnce, t: _Torch, frame: Any, backend: Any) -> tuple[Any, Any, Any] | None:
-    """(code, compile_id, trace_annotation) of a compile whose guards this frame
-    passes: published ones first (maybe not in the cache yet).  Under state._cond."""
-    code = frame.f_code
-    f_locals = None
-    published = state._published
-    mine = published.get(code)
-    if mine:
-        output_codes = t.convert_frame.output_codes  # dynamo's compiled code; reset() clears it
-        hit = None
-        for entry in list(mine):
-            b, g = entry
-            guard = _guard_of(g, t)
-            if getattr(guard, "cache_entry", None) is not None or g.code not in output_codes:
-                mine.remove(entry)  # in C's cache now (listed below), or reset() forgot it
-                continue
-            if hit is None and _same_backend(b, backend):
-                f_locals = frame.f_locals if f_locals is None else f_locals
-                if not _passes(guard, f_locals):
-                    continue
-                hit = (g.code, getattr(g, "compile_id", None),
-                       getattr(g, "trace_annotation", "Unknown"))
-        if not mine:
-            del published[code]
-        if hit is not None:
-            return hit
-    for e in t.entries(code):
-        guard = _guard_of(e, t)
-        if (e.code is None or is_stand_in(guard) or guard is None or guard is t.deleted_cls
-                or (t.deleted_cls is not None and isinstance(guard, t.deleted_cls))):
-            continue  # a stand-in or an invalidated entry
-        made_by = getattr(e, "backend", _MISSING)
-        if made_by is _MISSING:  # torch <= 2.5 does not show it: known if published here
-            made_by = state._backends.get(guard, _MISSING)
-        if made_by is _MISSING or not _same_backend(made_by, backend):
-            continue
-        f_locals = frame.f_locals if f_locals is None else f_locals
-        if _passes(guard, f_locals):
-            return (e.code, getattr(e, "compile_id", None),
-                    getattr(e, "trace_annotation", "Unknown"))
-    return None
+def _usable(shared: Any, t: _Torch, frame: Any, backend: Any) -> tuple[Any, Any, Any] | None:
+    """(code, compile_id, trace_annotation) of the compile a thread waited for,
+    if it may run it: same backend, not retired by torch, its guards pass."""
+    if shared is None:
+        return None
+    made_by, g = shared
+    if not _same_backend(made_by, backend) or not _live(g, t, frame.f_code):
+        return None
+    if not _passes(_guard_of(g, t), frame.f_locals):
+        return None
+    return g.code, getattr(g, "compile_id", None), getattr(g, "trace_annotation", "Unknown")
+
+
+def _live(g: Any, t: _Torch, code: types.CodeType) -> bool:
+    """torch has not retired this compile: reset() forgets its code
+    (output_codes); reset_code_caches(), remove_from_cache() and the death of
+    an object its guards match by id take its entry out of C's cache."""
+    if g.code not in t.convert_frame.output_codes:
+        return False
+    guard = _guard_of(g, t)
+    if getattr(guard, "cache_entry", None) is None:
+        return True  # C has not put it in its cache yet
+    return any(_guard_of(e, t) is guard for e in t.all_entries(code))
 
 
 def _reuse(t: _Torch, found: tuple[Any, Any, Any]) -> Any:
@@ -319,9 +285,7 @@ def _reuse(t: _Torch, found: tuple[Any, Any, Any]) -> Any:
 
 def _make_callback(state: CompileOnce, t: _Torch) -> Callable:
     original = t.callback_call
-    cond, busy, published, nested = state._cond, state._busy, state._published, state._nested
-    backends = state._backends
-    get_ident, convert_frame = threading.get_ident, t.convert_frame
+    gate, nested, convert_frame = state.gate, state._nested, t.convert_frame
 
     def __call__(self: Any, frame: Any, cache_entry: Any, frame_state: Any) -> Any:
         owned = getattr(convert_frame.compile_lock, "_is_owned", None)  # read as torch does
@@ -329,35 +293,24 @@ def _make_callback(state: CompileOnce, t: _Torch) -> Callable:
             return original(self, frame, cache_entry, frame_state)  # inside a compile: stock
         code = frame.f_code
         backend = _backend_of(self, t.backend_attr)
-        with cond:
-            if code in busy:
-                state.waits += 1
-                while code in busy:
-                    cond.wait()
-            found = _find(state, t, frame, backend)
-            if found is not None:
-                state.compiles_avoided += 1
-                return _reuse(t, found)
-            busy[code] = get_ident()
-        nested.depth = 1
         result = None
-        try:
+        try:  # begin() inside: end() releases this thread's ticket whatever interrupts
+            while True:
+                ticket = gate.begin(code)
+                if not ticket.done:
+                    break  # this thread compiles
+                found = _usable(ticket.result, t, frame, backend)
+                if found is not None:
+                    state._avoided()
+                    return _reuse(t, found)
+            nested.depth = 1
             result = original(self, frame, cache_entry, frame_state)
             return result
         finally:
             nested.depth = 0
-            with cond:
-                del busy[code]
-                g = t.unwrap(result)
-                if g is not None and not is_stand_in(_guard_of(g, t)):
-                    mine = published.setdefault(code, [])
-                    mine.append((backend, g))
-                    try:
-                        backends[_guard_of(g, t)] = backend
-                    except TypeError:  # not weak-referenceable: entries show their backend
-                        pass
-                    del mine[:-_KEEP_PUBLISHED]
-                cond.notify_all()
+            g = t.unwrap(result)
+            shared = (backend, g) if g is not None and not is_stand_in(_guard_of(g, t)) else None
+            gate.end(code, shared)
 
     __call__.__qualname__ = f"{t.callback_cls.__qualname__}.__call__"
     __call__.__doc__ = original.__doc__

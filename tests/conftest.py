@@ -14,6 +14,10 @@ _cache = tempfile.mkdtemp(prefix="fxguard-test-cache-")
 os.environ["FXGUARD_CACHE_DIR"] = _cache
 atexit.register(shutil.rmtree, _cache, True)
 
+# The suite is what stress-tests concurrent_compiles: it runs the option on
+# every torch and Python it meets (install() refuses it elsewhere by default).
+os.environ.setdefault("FXGUARD_ALLOW_UNTESTED", "concurrent_compiles")
+
 
 @pytest.fixture(scope="session", autouse=True)
 def main_thread_compiles_first():

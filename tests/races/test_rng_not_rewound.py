@@ -12,7 +12,6 @@ import sys
 import textwrap
 
 import pytest
-import torch
 
 import fxguard
 from fxguard.demos.rng_rewind import draws_during_a_compile

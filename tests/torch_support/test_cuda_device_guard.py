@@ -66,18 +66,24 @@ def _run(code: str, *args: str) -> subprocess.CompletedProcess:
                           env=env, timeout=600)
 
 
-def _guard_dangles() -> bool:
-    """This torch (no GPU) leaves a dead thread's guard in the registry."""
-    return _run(PROBE).returncode != 0
+# A freed guard is read, not always a crash: the chunk may still hold its
+# vtable (probe 7 of 8 crashed, the stock child 8 of 8, on torch 2.11.0).
+TRIES = 4
+
+
+def _crashes(code: str, *args: str) -> bool:
+    """Whether the child is killed by a signal in one of TRIES runs."""
+    return any(_run(code, *args).returncode < 0 for _ in range(TRIES))
 
 
 _dangles = None
 
 
 def guard_dangles() -> bool:
+    """This torch (no GPU) leaves a dead thread's guard in the registry."""
     global _dangles
     if _dangles is None:
-        _dangles = _guard_dangles()
+        _dangles = _crashes(PROBE)
     return _dangles
 
 
@@ -87,10 +93,10 @@ def guard_dangles() -> bool:
     ("fxguard", "at once"),          # stock crashed here 3 of 3 on 2.11.0, by timing
 ])
 def test_threads_compile_after_a_compiling_thread(way, order):
-    done = _run(CHILD, way, order)
     if way == "stock" and guard_dangles():
-        assert done.returncode < 0, f"stock torch was expected to crash here: {done.stderr[-2000:]}"
+        assert _crashes(CHILD, way, order), "stock torch was expected to crash here"
         return
+    done = _run(CHILD, way, order)
     assert done.returncode == 0 and "done" in done.stdout, (done.returncode, done.stderr[-3000:])
 
 

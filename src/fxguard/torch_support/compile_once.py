@@ -60,6 +60,17 @@ class NotAvailable(RuntimeError):
         self.where = where
 
 
+class ContractChanged(NotAvailable):
+    """This torch has what the mechanism wraps, with another contract (a release
+    fxguard has not seen): the row stands down with a WARNING; nothing was changed."""
+
+
+# The callback and compute_cache_size as fxguard wraps them: their parameters
+# (compute_cache_size's first; the rest are passed on as they come).
+CALLBACK_PARAMETERS = ("self", "frame", "cache_entry", "frame_state")
+CACHE_SIZE_PARAMETERS = ("frame",)  # then the entries: named cache_entry or cache_entries
+
+
 class CompileOnce:
     """State of one install: the gate (one compile per code object at a time,
     its result handed to the threads that waited for it) and counters."""
@@ -135,6 +146,8 @@ def _find_torch() -> _Torch:
         raise NotAvailable("CatchErrorsWrapper.__call__ is not a plain function")
     if getattr(call, "_fxguard_compile_once", False):
         raise RuntimeError("compile_once is installed already: revert its changes first")
+    _check_parameters(call, CALLBACK_PARAMETERS, exact=True)
+    _check_parameters(convert_frame.compute_cache_size, CACHE_SIZE_PARAMETERS, exact=False)
     init_names = cls.__init__.__code__.co_names
     backend_attr = next((a for a in ("_torchdynamo_orig_backend", "_torchdynamo_orig_callable")
                          if a in init_names), None)
@@ -171,6 +184,18 @@ def _find_torch() -> _Torch:
         raise NotAvailable("compile_lock cannot tell whether this thread holds it")
     return _Torch(convert_frame, cls, call, convert_frame.compute_cache_size, backend_attr,
                   guard_attr, guarded_code, wrap, unwrap, all_entries, standin)
+
+
+def _check_parameters(fn: Callable, expected: tuple[str, ...], *, exact: bool) -> None:
+    """ContractChanged unless fn's parameters are ``expected`` (or start with them)."""
+    import inspect
+    try:
+        names = tuple(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        names = ()
+    if names != expected if exact else names[:len(expected)] != expected:
+        raise ContractChanged(f"{getattr(fn, '__qualname__', fn)} takes ({', '.join(names)}), "
+                              f"fxguard knows ({', '.join(expected)}{'' if exact else ', ...'})")
 
 
 def _never(_: object) -> bool:

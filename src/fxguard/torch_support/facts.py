@@ -94,6 +94,29 @@ def python_inherits_context() -> bool:
 CONCURRENT_COMPILES_STRESSED = ("2.11.0", "2.13.0", "2.14.1", "2.15.0")
 
 
+ALLOW_UNTESTED = "FXGUARD_ALLOW_UNTESTED"  # "concurrent_compiles": run it anyway
+
+
+def concurrent_compiles_refusal() -> str | None:
+    """Why install(concurrent_compiles=True) refuses here (None: it may run):
+    only on a torch and Python its stress suite ran on, unless the environment
+    says FXGUARD_ALLOW_UNTESTED=concurrent_compiles."""
+    import os
+
+    import torch
+
+    from .. import interpreter
+    if "concurrent_compiles" in os.environ.get(ALLOW_UNTESTED, "").replace(" ", "").split(","):
+        return None
+    release = torch.__version__.split("+")[0]
+    if release in CONCURRENT_COMPILES_STRESSED and interpreter.gil_enabled():
+        return None
+    where = f"torch {release}" if interpreter.gil_enabled() else "a Python with the GIL off"
+    return (f"concurrent_compiles has not been stress-tested on {where} (tested: torch "
+            f"{', '.join(CONCURRENT_COMPILES_STRESSED)} with the GIL); nothing was changed. "
+            f"To run it anyway, set {ALLOW_UNTESTED}=concurrent_compiles")
+
+
 def concurrent_compiles_tested() -> str:
     """A plain statement: was the stress suite run on the installed torch?"""
     import torch

@@ -18,6 +18,7 @@ from ..machinery import (codegen, exact_counters, once, originals, overlay, per_
 from ..machinery.changes import Change, NotCovered, Outcome, Row
 from ..machinery.per_thread_globals import Planner
 from . import compile_once, config, device_guard, rows
+from . import facts as facts_module
 from .facts import MODULE_GLOBAL, TorchFacts, UnsupportedTorchError
 
 
@@ -35,7 +36,10 @@ class Prepared:
 
 def prepare(facts: TorchFacts, options: dict[str, bool]) -> Prepared:
     """Everything install() will change, computed without changing anything.
-    UnsupportedTorchError where the FX flag's own row cannot be followed."""
+    UnsupportedTorchError where the FX flag's own row cannot be followed, or
+    for concurrent_compiles where it was not stress-tested."""
+    if options[rows.CONCURRENT] and (refusal := facts_module.concurrent_compiles_refusal()):
+        raise UnsupportedTorchError(refusal)
     planner, plan_rows = Planner(), []
     guard_row, register = device_guard.plan()
     for row in rows.PER_THREAD:
@@ -164,6 +168,8 @@ def _compile_once(options: dict, changes: list) -> tuple[Row, compile_once.Compi
     state = compile_once.CompileOnce()
     try:
         changes += compile_once.changes(state)
+    except compile_once.ContractChanged as e:  # a release fxguard has not seen: stock there
+        return Row(what, where, Outcome.NOT_COVERED, f"{e}; dynamo's callback runs as stock"), None
     except compile_once.NotAvailable as e:
         return Row(what, where, Outcome.NOT_AVAILABLE, f"{e.where} ({e})"), None
     return Row(what, where, Outcome.PATCHED), state

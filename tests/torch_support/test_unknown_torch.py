@@ -1,0 +1,68 @@
+"""A torch fxguard has not seen: a row whose contract differs stands down with
+a WARNING that names what differed, and that part of torch runs as stock;
+concurrent_compiles is refused outside the torch it was stress-tested on.
+
+A new release is simulated by changing the real torch function the row
+relies on (monkeypatch puts it back).
+"""
+import logging
+
+import pytest
+import torch
+from torch._dynamo import convert_frame
+
+import fxguard
+from fxguard.machinery import originals
+from fxguard.torch_support import facts
+from guarded import fresh_function
+
+
+def _row(info, what):
+    return next(r for r in info["patch_points"] if r["what"] == what)
+
+
+def test_a_callback_with_another_signature_stands_down(monkeypatch, caplog):
+    stock = convert_frame.CatchErrorsWrapper.__call__
+
+    def __call__(self, frame, cache_entry, frame_state, *, hooks=None):  # "a new release"
+        return stock(self, frame, cache_entry, frame_state)
+
+    monkeypatch.setattr(convert_frame.CatchErrorsWrapper, "__call__", __call__)
+    torch._dynamo.reset()
+    with caplog.at_level(logging.WARNING, logger="fxguard"):
+        info = fxguard.install()
+    row = _row(info, "compile once")
+    assert row["reason"].startswith("not covered") and "hooks" in row["reason"]
+    assert any("compile once" in m and "hooks" in m for m in caplog.messages)
+    assert convert_frame.CatchErrorsWrapper.__call__ is __call__  # not wrapped, not half-swapped
+    f = fresh_function("def f(x):\n    return x.sin() * 2\n")
+    x = torch.randn(4)
+    assert torch.allclose(torch.compile(f, backend="eager")(x), f(x))
+    fxguard.uninstall()
+    torch._dynamo.reset()
+
+
+def test_a_compile_that_restores_otherwise_leaves_the_rng_row_down(monkeypatch, caplog):
+    def preserve_global_state(fn):  # "a new release" that keeps the RNG elsewhere
+        return fn
+
+    monkeypatch.setattr(convert_frame, "preserve_global_state", preserve_global_state)
+    before = torch.random.set_rng_state.__code__
+    with caplog.at_level(logging.WARNING, logger="fxguard"):
+        info = fxguard.install()
+    row = _row(info, "compile keeps others' random numbers")
+    assert row["reason"].startswith("not covered") and "preserve_global_state" in row["reason"]
+    assert any("preserve_global_state" in m for m in caplog.messages)
+    assert torch.random.set_rng_state.__code__ is before
+
+
+def test_concurrent_compiles_refused_on_an_untested_torch(monkeypatch):
+    monkeypatch.delenv(facts.ALLOW_UNTESTED, raising=False)
+    monkeypatch.setattr(facts, "CONCURRENT_COMPILES_STRESSED", ("0.0.0",))
+    with pytest.raises(fxguard.UnsupportedTorchError, match=facts.ALLOW_UNTESTED):
+        fxguard.install(concurrent_compiles=True)
+    assert originals.applied() == () and not fxguard.is_installed()
+    assert fxguard.install()["options"]["concurrent_compiles"] is False  # the default still installs
+    fxguard.uninstall()
+    monkeypatch.setenv(facts.ALLOW_UNTESTED, "concurrent_compiles")
+    assert fxguard.install(concurrent_compiles=True)["concurrent_compiles"]["enabled"]

@@ -9,46 +9,21 @@ import os
 
 import torch
 
+from fxguard.machinery import writers
 from fxguard.torch_support import rows
 
 ROOT = os.path.dirname(torch.__file__)
 
 
-def attribute_writes(name: str):
-    """(file, line, enclosing defs, innermost first) of every ``<expr>.<name> = ...``
-    inside a def in the wheel."""
-    def walk(node, defs, path):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            defs = [node.name] + defs
-        if defs and isinstance(node, ast.Attribute) and node.attr == name and \
-                isinstance(node.ctx, ast.Store):
-            yield path, node.lineno, defs
-        for child in ast.iter_child_nodes(node):
-            yield from walk(child, defs, path)
-
-    for folder, _, files in os.walk(ROOT):
-        for file in files:
-            if not file.endswith(".py"):
-                continue
-            path = os.path.join(folder, file)
-            with open(path, encoding="utf-8", errors="replace") as f:
-                text = f.read()
-            if name not in text:
-                continue
-            try:
-                tree = ast.parse(text)
-            except SyntaxError:
-                continue
-            yield from walk(tree, [], os.path.relpath(path, ROOT))
-
-
 def test_every_attribute_writer_of_a_per_thread_global_is_listed():
+    """What install() checks (prepare._check_writers), over every row at once."""
+    per_thread = rows.PER_THREAD + rows.CONCURRENT_PER_THREAD
+    writes = writers.attribute_writes(ROOT, os.path.join(ROOT, "version.py"),
+                                      tuple(row.name for row in per_thread))
     unlisted = []
-    for row in rows.PER_THREAD + rows.CONCURRENT_PER_THREAD:
+    for row in per_thread:
         listed = {w.rsplit(".", 1)[1] for w in row.writers + row.or_writers}
-        for path, line, defs in attribute_writes(row.name):
-            if not listed & set(defs):  # the writer, or a def around it (a closure it makes)
-                unlisted.append(f"{row.where}: {path}:{line} in {defs[0]}()")
+        unlisted += [f"{row.where}: {w}" for w in writers.unlisted(writes[row.name], listed)]
     assert unlisted == []
 
 

@@ -66,3 +66,37 @@ def test_concurrent_compiles_refused_on_an_untested_torch(monkeypatch):
     fxguard.uninstall()
     monkeypatch.setenv(facts.ALLOW_UNTESTED, "concurrent_compiles")
     assert fxguard.install(concurrent_compiles=True)["concurrent_compiles"]["enabled"]
+
+
+def _with_a_new_writer(monkeypatch, name):
+    """torch's source as a release with one more writer of ``name`` would have it."""
+    from fxguard.machinery import writers
+    real = writers.attribute_writes
+
+    def attribute_writes(root, marker, names):
+        found = dict(real(root, marker, names))
+        found[name] = found.get(name, ()) + (("_new_release.py", 7, ("new_writer",)),)
+        return found
+
+    monkeypatch.setattr(writers, "attribute_writes", attribute_writes)
+
+
+def test_a_new_writer_of_a_per_thread_global_stands_its_row_down(monkeypatch, caplog):
+    _with_a_new_writer(monkeypatch, "_is_compiling_flag")
+    with caplog.at_level(logging.WARNING, logger="fxguard"):
+        info = fxguard.install()
+    row = next(r for r in info["patch_points"] if r["where"] == "torch.compiler._is_compiling_flag")
+    assert row["reason"].startswith("not covered") and "new_writer" in row["reason"]
+    assert any("new_writer" in m for m in caplog.messages)
+    assert "_is_compiling_flag" in vars(torch.compiler)  # stays the module global, as stock
+    assert torch.compiler.is_compiling() is False
+
+
+def test_a_new_writer_of_the_fx_flag_refuses_install(monkeypatch):
+    from fxguard.torch_support.facts import MODULE_GLOBAL, detect
+    if detect().layout != MODULE_GLOBAL:
+        pytest.skip("torch keeps the FX flag per thread")
+    _with_a_new_writer(monkeypatch, "_is_fx_tracing_flag")
+    with pytest.raises(fxguard.UnsupportedTorchError, match="new_writer"):
+        fxguard.install()
+    assert originals.applied() == () and not fxguard.is_installed()

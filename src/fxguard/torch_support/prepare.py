@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..machinery import (codegen, exact_counters, once, originals, overlay, per_thread_attrs,
-                         per_thread_patching, shared_lock, shared_window)
+                         per_thread_patching, shared_lock, shared_window, writers)
 from ..machinery.changes import Change, NotCovered, Outcome, Row
 from ..machinery.per_thread_globals import Planner
 from . import compile_once, config, device_guard, rows
@@ -42,9 +42,11 @@ def prepare(facts: TorchFacts, options: dict[str, bool]) -> Prepared:
         raise UnsupportedTorchError(refusal)
     planner, plan_rows = Planner(), []
     guard_row, register = device_guard.plan()
+    writes = _writes(rows.PER_THREAD + (rows.CONCURRENT_PER_THREAD if options[rows.CONCURRENT] else ()))
     for row in rows.PER_THREAD:
-        plan_rows.append(_per_thread(planner, row, facts))
-    concurrent = [_concurrent_per_thread(planner, row, options) for row in rows.CONCURRENT_PER_THREAD]
+        plan_rows.append(_per_thread(planner, row, facts, writes))
+    concurrent = [_concurrent_per_thread(planner, row, options, writes)
+                  for row in rows.CONCURRENT_PER_THREAD]
     plan_rows += planner.reader_rows
     changes = planner.changes("per-thread")
     plan_rows += [_patching(spec, changes) for spec in rows.PATCHING]
@@ -67,11 +69,32 @@ def prepare(facts: TorchFacts, options: dict[str, bool]) -> Prepared:
                     carry_context, concurrent, shared, [register] if register else [])
 
 
-def _per_thread(planner: Planner, row: Any, facts: TorchFacts) -> Row:
+def _writes(per_thread: tuple) -> dict[str, tuple]:
+    """Every attribute write of these globals' names inside a def in the installed torch."""
+    import os
+
+    import torch
+    root = os.path.dirname(torch.__file__)
+    return writers.attribute_writes(root, os.path.join(root, "version.py"),
+                                    tuple(row.name for row in per_thread))
+
+
+def _check_writers(row: Any, writes: dict[str, tuple]) -> None:
+    """NotCovered where torch assigns the global in a function the row does not
+    rewrite (a release fxguard has not seen): that write would be lost."""
+    listed = {w.rsplit(".", 1)[1] for w in row.writers + row.or_writers}
+    missed = writers.unlisted(writes.get(row.name, ()), listed)
+    if missed:
+        raise NotCovered(f"torch assigns {row.name} where fxguard does not rewrite it: "
+                         f"{', '.join(missed[:3])}; it stays process-wide")
+
+
+def _per_thread(planner: Planner, row: Any, facts: TorchFacts, writes: dict[str, tuple]) -> Row:
     what = "FX-tracing flag" if row.flag else "per-thread global"
     if row.flag and facts.layout != MODULE_GLOBAL:
         return Row(what, row.where, Outcome.NOT_NEEDED, "torch keeps it per thread")
     try:
+        _check_writers(row, writes)
         return Row(what, row.where, planner.add(row))
     except NotCovered as e:  # the planner is as it was before this row
         if row.flag:
@@ -177,7 +200,8 @@ def _compile_once(options: dict, changes: list) -> tuple[Row, compile_once.Compi
 
 # -- option concurrent_compiles --------------------------------------------------
 
-def _concurrent_per_thread(planner: Planner, row: Any, options: dict) -> Row:
+def _concurrent_per_thread(planner: Planner, row: Any, options: dict,
+                           writes: dict[str, tuple]) -> Row:
     what = "per-thread global"
     if not options[rows.CONCURRENT]:
         return Row(what, row.where, Outcome.OPTION_OFF)
@@ -185,6 +209,7 @@ def _concurrent_per_thread(planner: Planner, row: Any, options: dict) -> Row:
     if isinstance(vars(module).get(row.name), (contextvars.ContextVar, threading.local)):
         return Row(what, row.where, Outcome.NOT_NEEDED, "torch keeps it per thread")
     try:
+        _check_writers(row, writes)
         return Row(what, row.where, planner.add(row))
     except NotCovered as e:
         return Row(what, row.where, Outcome.NOT_COVERED, str(e))

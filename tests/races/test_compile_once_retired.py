@@ -168,3 +168,43 @@ def test_a_compile_ended_by_ctrl_c_wakes_its_waiters():
     assert gate.in_flight() == 0
     fxguard.uninstall()
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("mode, compiles", [("default", 1), ("reduce-overhead", 2)])
+def test_cuda_graph_compiles_are_not_shared(mode, compiles):
+    """torch wraps a CUDA-graph compile after compiling it, in one attribute for
+    every thread that runs it (pytorch#186192): such a compile is not handed to
+    another thread; each compiles its own, as stock.  (On CPU inductor skips
+    the graphs, but the compile is the same kind.)"""
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    fxguard.install()
+    b_thread, entered = {}, threading.Event()
+
+    def hold():
+        if not entered.is_set():
+            entered.set()
+            wait_until(lambda: b_thread.get("ident") is not None and (
+                _in_gate(b_thread["ident"]) or _at_compile_lock(b_thread["ident"])),
+                "the other thread to wait")
+
+    from guarded import holding_op
+    held = holding_op(f"fxguard_test::cuda_graph_{mode.replace('-', '_')}", hold)
+    f = fresh_function("def f(x):\n    return held(x) + 1\n", namespace={"held": held})
+    compiled = torch.compile(f, mode=None if mode == "default" else mode)
+    counters.clear()
+    results = []
+    ta = threading.Thread(target=lambda: results.append(compiled(torch.ones(2)).tolist()),
+                          daemon=True)
+    ta.start()
+    assert entered.wait(300)
+    tb = threading.Thread(target=lambda: results.append(compiled(torch.ones(2)).tolist()),
+                          daemon=True)
+    tb.start()
+    b_thread["ident"] = tb.ident
+    ta.join(600)
+    tb.join(600)
+    fxguard.uninstall()
+    assert results == [[2.0, 2.0], [2.0, 2.0]]
+    assert counters["stats"]["unique_graphs"] == compiles
+    torch._dynamo.reset()

@@ -24,7 +24,9 @@ graph one after another, and every copy is a cache entry counted against
    run again.  The wrapped ``compute_cache_size`` leaves stand-ins out, so
    they cost no recompile budget; there is one per waiter that ran a shared
    compile;
-4. nothing is kept once the waiters have the result: a later miss that waited
+4. compiles torch changes after compiling them (CUDA graphs: ``mode="reduce-overhead"``)
+   are not shared: the callback runs as stock for them (``_changed_after_compile``);
+5. nothing is kept once the waiters have the result: a later miss that waited
    for nothing compiles, as stock does.  A compile that raises (Ctrl-C too) or
    gives no code hands nothing on, and its waiters compile themselves.
 
@@ -41,6 +43,7 @@ whose guards are ``check_fn``; ``compute_cache_size`` takes a list of entries
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
 import types
 from typing import Any, Callable
@@ -293,6 +296,19 @@ def _live(g: Any, t: _Torch, code: types.CodeType) -> bool:
     return any(_guard_of(e, t) is guard for e in t.all_entries(code))
 
 
+def _changed_after_compile(backend: Any) -> bool:
+    """Compiles torch changes after compiling them, for whoever runs them:
+    CUDA graphs wrap the compiled graph in ``CompiledFxGraph.current_callable``,
+    one attribute for every thread that runs that compile (pytorch#186192, in
+    every torch up to 2.15).  Such compiles are not shared: each thread
+    compiles its own, as stock."""
+    config = getattr(backend, "config", None)
+    if isinstance(config, dict) and config.get("triton.cudagraphs"):
+        return True  # mode="reduce-overhead", or options={"triton.cudagraphs": True}
+    inductor = sys.modules.get("torch._inductor.config")
+    return bool(getattr(getattr(inductor, "triton", None), "cudagraphs", False))
+
+
 def _reuse(t: _Torch, found: tuple[Any, Any, Any]) -> Any:
     """What the callback returns to run another thread's compile: its code under
     a stand-in guard manager."""
@@ -318,6 +334,8 @@ def _make_callback(state: CompileOnce, t: _Torch) -> Callable:
             return original(self, frame, cache_entry, frame_state)  # inside a compile: stock
         code = frame.f_code
         backend = _backend_of(self, t.backend_attr)
+        if _changed_after_compile(backend):
+            return original(self, frame, cache_entry, frame_state)  # not shared: stock
         result = None
         try:  # begin() inside: end() releases this thread's ticket whatever interrupts
             while True:

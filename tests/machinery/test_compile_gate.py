@@ -112,3 +112,35 @@ def test_reentry_by_the_compiling_thread_is_refused():
     with pytest.raises(RuntimeError):
         gate.begin(code)
     gate.end(code, None)
+
+
+def test_held_takes_turns_per_code_object_and_nests():
+    gate, a, b = CompileGate(), _code("a.py"), _code("b.py")
+    inside, order = threading.Event(), []
+    release = threading.Event()
+
+    def first():
+        with gate.held(a):
+            with gate.held(a):  # re-entered by the holder: nests
+                order.append("first in")
+                inside.set()
+                assert release.wait(60)
+        order.append("first out")
+
+    def second():
+        with gate.held(a):
+            order.append("second in")
+
+    t1 = threading.Thread(target=first)
+    t1.start()
+    assert inside.wait(60)
+    with gate.held(b):  # another code object (equal code): no wait
+        order.append("b")
+    t2 = threading.Thread(target=second)
+    t2.start()
+    _wait_until_waiting(gate, 1)
+    release.set()
+    t1.join(60)
+    t2.join(60)
+    assert order == ["first in", "b", "first out", "second in"]
+    assert gate.in_flight() == 0

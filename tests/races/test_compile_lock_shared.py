@@ -68,10 +68,10 @@ def test_distinct_graphs_compile_at_once(way, monkeypatch):
 def test_one_function_compiles_one_thread_at_a_time(way, monkeypatch):
     """Threads that miss the cache of one function together compile it one after
     another (as stock).  With compile_once off, A's compile is held in its
-    backend; B calls the same function: B must wait (on the option's per-code
+    backend; B calls the same function: B must wait (on the option's compile gate turn per code
     lock), not compile it alongside.  compile_lock a no-op: B compiles too.
     (compile_once on: test_compile_once_concurrent.py.)"""
-    from fxguard.machinery.shared_lock import _Held
+    from fxguard.machinery.compile_gate import CompileGate
     if way == "on":
         fxguard.install(concurrent_compiles=True, compile_once=False)
     else:
@@ -98,7 +98,7 @@ def test_one_function_compiles_one_thread_at_a_time(way, monkeypatch):
         assert a_inside.wait(HOLD)
         b.start()
         # B inside the backend too (no-op lock), or waiting for the code's lock
-        wait_until(lambda: seen["most"] > 1 or held_in(b, _Held.__enter__.__code__),
+        wait_until(lambda: seen["most"] > 1 or held_in(b, CompileGate.begin.__code__),
                    "B compiling alongside, or waiting")
         release.set()
 

@@ -12,7 +12,8 @@ Knows no torch names.  A thread that misses a cache for a code object calls
   returns that ticket, finished; the caller looks at ``ticket.result`` and, if
   it cannot use it, calls ``begin`` again (and may compile itself).
 
-Code objects are told apart by identity (code ``==`` ignores the file name and
+``with gate.held(code):`` takes a turn without sharing a result (concurrent
+compiles with compile once off).  Code objects are told apart by identity (code ``==`` ignores the file name and
 qualified name), and nothing is kept once a compile's waiters have it: a
 later miss that waited for nothing compiles.  ``end`` finds the ticket by code
 object and owning thread, so a ``finally`` releases it even where an
@@ -20,9 +21,12 @@ exception arrived before ``begin`` returned.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import types
-from typing import Any
+from typing import Any, Iterator
+
+_MINE = object()
 
 
 class Ticket:
@@ -77,6 +81,26 @@ class CompileGate:
             del self._in_flight[id(code)]
             ticket.result, ticket.done = result, True
             self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def held(self, code: types.CodeType) -> Iterator[None]:
+        """Hold ``code``'s turn for the block, sharing no result (concurrent
+        compiles without compile once); a block re-entered by the holder nests."""
+        with self._cond:
+            ticket = self._in_flight.get(id(code))
+            if ticket is not None and ticket.owner == threading.get_ident():
+                ticket = None  # re-entered: the outer block holds the turn
+            else:
+                ticket = _MINE
+        if ticket is None:
+            yield
+            return
+        try:
+            while self.begin(code).done:
+                pass  # waited for another thread's turn: take one now
+            yield
+        finally:
+            self.end(code, None)
 
     def in_flight(self) -> int:
         with self._cond:

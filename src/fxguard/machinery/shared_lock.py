@@ -74,9 +74,6 @@ class SharedLock:
         """Context manager: hold the lock shared (re-entrant)."""
         return self._shared
 
-    def acquire_shared(self, blocking: bool = True, timeout: float = -1) -> bool:
-        return self._acquire(False, blocking, timeout)
-
     def state(self) -> dict[str, Any]:
         """Who holds it now: for status checks and tests."""
         with self._cond:
@@ -146,39 +143,3 @@ def _after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
-
-
-class KeyedLock:
-    """One re-entrant lock per key (a code object), made on first use and
-    dropped once nobody holds or waits for it: ``with keyed.held(key):``."""
-
-    def __init__(self) -> None:
-        self._mutex = threading.Lock()
-        self._locks: dict[Any, list] = {}  # key -> [RLock, threads holding or waiting]
-
-    def held(self, key: Any) -> "_Held":
-        return _Held(self, key)
-
-
-class _Held:
-    __slots__ = ("keyed", "key", "lock")
-
-    def __init__(self, keyed: KeyedLock, key: Any) -> None:
-        self.keyed, self.key = keyed, key
-
-    def __enter__(self) -> None:
-        keyed = self.keyed
-        with keyed._mutex:
-            entry = keyed._locks.setdefault(self.key, [threading.RLock(), 0])
-            entry[1] += 1
-        self.lock = entry[0]
-        self.lock.acquire()  # waits with the GIL released
-
-    def __exit__(self, *exc: Any) -> None:
-        self.lock.release()
-        keyed = self.keyed
-        with keyed._mutex:
-            entry = keyed._locks[self.key]
-            entry[1] -= 1
-            if not entry[1]:
-                del keyed._locks[self.key]

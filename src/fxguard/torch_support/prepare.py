@@ -13,7 +13,7 @@ import types
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..machinery import (codegen, exact_counters, once, originals, overlay, per_thread_attrs,
+from ..machinery import (codegen, compile_gate, exact_counters, once, originals, overlay, per_thread_attrs,
                          per_thread_patching, shared_lock, shared_window, writers)
 from ..machinery.changes import Change, NotCovered, Outcome, Row
 from ..machinery.per_thread_globals import Planner
@@ -288,7 +288,7 @@ def _shared_lock(row: rows.SharedLockRow, options: dict, planner: Planner, chang
     if None in functions or per_code and any(  # PER_CODE_HELD reads the frame argument
             "frame" not in fn.__code__.co_varnames[:fn.__code__.co_argcount] for fn in functions):
         return [Row(row.what, row.where, Outcome.NOT_AVAILABLE)]
-    lock, keyed = shared_lock.SharedLock(), shared_lock.KeyedLock() if per_code else None
+    lock, keyed = shared_lock.SharedLock(), compile_gate.CompileGate() if per_code else None
     made = [Change(row.what, owner, name, lock)]
     held, config = rows.PER_CODE_HELD if per_code else "", Row(*config_row, Outcome.NOT_NEEDED,
                                                                "config per thread")

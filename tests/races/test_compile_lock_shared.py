@@ -68,8 +68,8 @@ def test_distinct_graphs_compile_at_once(way, monkeypatch):
 def test_one_function_compiles_one_thread_at_a_time(way, monkeypatch):
     """Threads that miss the cache of one function together compile it one after
     another (as stock).  With compile_once off, A's compile is held in its
-    backend; B calls the same function: B must wait (on the option's compile gate turn per code
-    lock), not compile it alongside.  compile_lock a no-op: B compiles too.
+    backend; B calls the same function: B must wait (for its turn at the
+    option's compile gate), not compile it alongside.  compile_lock a no-op: B compiles too.
     (compile_once on: test_compile_once_concurrent.py.)"""
     from fxguard.machinery.compile_gate import CompileGate
     if way == "on":

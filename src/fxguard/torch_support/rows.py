@@ -409,7 +409,8 @@ class SharedLockRow:
 # mode).  Where the compile-once row is patched, its wait per code object (it
 # wraps this callback, outside the lock) is what keeps them one at a time, and
 # the threads that missed together share that compile; with it off, the
-# callback also holds a lock per code object (PER_CODE_HELD).  A callback
+# callback also takes its code object's turn at the same compile gate
+# (machinery.compile_gate, PER_CODE_HELD), sharing no result.  A callback
 # inside a compile (a compiled function called while tracing) is a re-entry,
 # as with stock's RLock: it takes neither, so it cannot wait for a code another
 # thread's compile holds while that one waits for this one's.

@@ -29,47 +29,71 @@ def main(argv: list[str] | None = None) -> int:
         return run(argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "status":
-        return status(args.options)
+        return status(args.options, as_json=args.as_json, verbose=args.verbose)
     from . import doctor
     return doctor.main(json_path=args.json, verbose=args.verbose)
 
 
 def _parser() -> argparse.ArgumentParser:
+    from . import _install
     parser = argparse.ArgumentParser(
         prog="fxguard", description="Per-thread trace state for PyTorch. With no command: doctor.")
+    parser.add_argument("--version", action="version", version=f"fxguard {_install.__version__}")
     commands = parser.add_subparsers(dest="command", metavar="{run,doctor,status}")
     commands.add_parser("run", add_help=False, usage=RUN_USAGE,
                         help="run a script or module with fxguard installed (fxguard run -h)")
     doctor = commands.add_parser("doctor", help="show the races on the installed torch, then the fix")
     doctor.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     doctor.add_argument("-v", "--verbose", action="store_true",
-                        help="print torch's warnings during the probes in full")
+                        help="list every row install() planned, and torch's warnings in full")
     status = commands.add_parser(
-        "status", help="what install() would do on the installed torch, as JSON; changes nothing")
+        "status", help="what install() would do on the installed torch; changes nothing")
     status.add_argument("--options", default="", metavar="LIST", help=OPTIONS_HELP)
-    parser.set_defaults(command="doctor", json=None, verbose=False)
+    status.add_argument("--json", dest="as_json", action="store_true",
+                        help="print fxguard.preview() as JSON")
+    status.add_argument("-v", "--verbose", action="store_true", help="list every row")
+    parser.set_defaults(command="doctor", json=None, verbose=False, as_json=False)
     return parser
 
 
-def status(options: str) -> int:
-    """Print fxguard.preview(): this process never installs, so status() would
-    only ever say "not-installed"."""
+def status(options: str, as_json: bool = False, verbose: bool = False) -> int:
+    """Print fxguard.preview() (this process never installs, so status() would
+    only ever say "not-installed"): a summary, or JSON with ``as_json``."""
     import json
 
     import fxguard
 
+    from .doctor import captured_warnings
     from .startup import parse_options
     try:
         chosen = parse_options(options)
     except ValueError as e:
         _parser().error(f"--options: {e}")
-    try:
-        info = fxguard.preview(**chosen)
-    except fxguard.UnsupportedTorchError as e:
-        print(json.dumps({**fxguard.status(), "preview": True, "error": str(e)}, indent=2))
-        return 1
-    print(json.dumps(info, indent=2))
-    return 0
+    with captured_warnings():  # torch's import-time notices (NumPy, TorchScript): not ours
+        try:
+            info = fxguard.preview(**chosen)
+        except fxguard.UnsupportedTorchError as e:
+            info = {**fxguard.status(), "preview": True, "error": str(e)}
+    if as_json:
+        print(json.dumps(info, indent=2))
+    elif "error" in info:
+        print(f"fxguard {info['fxguard']}  torch {info['torch']}  Python {info['python']}\n"
+              f"install() would refuse: {info['error']}")
+    else:
+        print(_summary(info, verbose))
+    return 1 if "error" in info else 0
+
+
+def _summary(info: dict, verbose: bool) -> str:
+    from .doctor import rows_summary
+    cc = info["concurrent_compiles"]
+    lines = [f"fxguard {info['fxguard']}  torch {info['torch']}  Python {info['python']}",
+             f"install() would run in mode {info['mode']} (FX flag layout: {info['layout']}); "
+             "nothing was changed",
+             *rows_summary(info["patch_points"], verbose),
+             f"autograd workers: {info['autograd_workers']}",
+             f"concurrent_compiles: {'on' if cc['enabled'] else 'off'}; {cc['tested']}"]
+    return "\n".join(lines)
 
 
 def run(argv: list[str]) -> int:

@@ -163,10 +163,7 @@ def report(rows: list[dict], status: dict, seconds: float, gpu: dict | None = No
                       f"{stock} ({gpu['stock']['seconds']} s)",
                       f"{fixed} ({gpu['fxguard']['seconds']} s)"])
     lines += _table(table)
-    lines += ["", "install() patched:"]
-    for p in status["patch_points"]:
-        mark = p.get("reason") or ("patched" if p["patched"] else "not needed on this torch")
-        lines.append(f"  {p['what']:<27} {p['where']:<58} {mark}")
+    lines += [""] + rows_summary(status["patch_points"], verbose)
     lines.append(f"autograd workers: {status['autograd_workers']}")
     if status.get("compile_once") is not None:
         c = status["compile_once"]
@@ -175,6 +172,23 @@ def report(rows: list[dict], status: dict, seconds: float, gpu: dict | None = No
     lines += _notes(caught, verbose)
     lines += ["", f"result: {answer}"]
     return "\n".join(lines)
+
+
+OUTCOMES = ("patched", "option off", "not needed", "not available", "not covered")
+
+
+def rows_summary(points: list[dict], verbose: bool) -> list[str]:
+    """One line per kind of outcome; rows fxguard stood down on (not covered) always
+    in full; with ``verbose``, every row (what, where, reason), each on its lines."""
+    counts = {kind: sum(p["reason"].startswith(kind) for p in points) for kind in OUTCOMES}
+    lines = ["install(): " + ", ".join(f"{n} {kind}" for kind, n in counts.items() if n)
+             + ("" if verbose else "  (--verbose: every row)")]
+    shown = points if verbose else [p for p in points if p["reason"].startswith("not covered")]
+    for p in shown:
+        lines.append(f"  {p['what']}: {p['where']}")
+        lines += textwrap.wrap(p["reason"], 96, initial_indent="      ",
+                               subsequent_indent="      ")
+    return lines
 
 
 def _interpreter_line(info: dict) -> str:

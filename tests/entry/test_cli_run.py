@@ -165,15 +165,31 @@ def test_status_from_a_shell_says_what_install_would_do(tmp_path):
     """A new process has installed nothing: status prints install()'s plan for
     the installed torch, every row with its reason, and says it changed nothing."""
     import json
-    proc = run("-m", "fxguard", "status", cwd=tmp_path)
+    proc = run("-m", "fxguard", "status", "--json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     info = json.loads(proc.stdout)
     assert info["preview"] is True and "nothing was changed" in info["note"]
     assert info["torch"] and info["layout"] in ("module-global", "upstream-thread-local")
     assert info["mode"] in ("patched", "upstream-thread-local")
     assert info["patch_points"] and all(r["reason"] for r in info["patch_points"])
-    proc = run("-m", "fxguard", "status", "--options", "block_mask_lock=0", cwd=tmp_path)
+    proc = run("-m", "fxguard", "status", "--json", "--options", "block_mask_lock=0", cwd=tmp_path)
     rows = {r["what"]: r["reason"] for r in json.loads(proc.stdout)["patch_points"]}
     assert rows["block-mask lock"] == "option off"
     proc = run("-m", "fxguard", "status", "--options", "turbo=1", cwd=tmp_path)
     assert proc.returncode == 2 and "--options: unknown option 'turbo'" in proc.stderr
+
+
+def test_status_summary_and_version(tmp_path):
+    """By default status prints a summary a person reads (one line per kind of
+    outcome), nothing on stderr; --verbose lists every row; --version says who."""
+    proc = run("-m", "fxguard", "status", cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) <= 12 and "nothing was changed" in proc.stdout
+    assert any(line.startswith("install(): ") and " patched" in line for line in lines)
+    verbose = run("-m", "fxguard", "status", "--verbose", cwd=tmp_path).stdout
+    assert "torch.fx._symbolic_trace" in verbose and len(verbose.splitlines()) > len(lines)
+    import fxguard
+    for argv in (("-m", "fxguard", "--version"),):
+        proc = run(*argv, cwd=tmp_path)
+        assert proc.returncode == 0 and proc.stdout.strip() == f"fxguard {fxguard.__version__}"

@@ -1,11 +1,10 @@
 """The CUDA device guard of a machine without a GPU, registered up front.
 
-On a CUDA build of torch with no GPU (and on CPU builds of older releases),
-the first ``FakeTensorMode.__enter__``
+On a CUDA build of torch with no GPU, the first ``FakeTensorMode.__enter__``
 of a thread (every compile enters one) calls
 ``torch._C._ensureCUDADeviceGuardSet()``, which puts a no-op CUDA guard in the
-process-wide guard registry.  In some releases (2.11.0 among them) that guard
-is a C++ ``thread_local`` of the calling thread: when that thread ends, the
+process-wide guard registry.  In 2.10 and 2.11 that guard is a C++
+``thread_local`` of the calling thread: when that thread ends, the
 registry points at freed memory, and the next fake mode of any thread
 segfaults (two drafter threads compiling at once, or one compiling after
 another has finished).  Registered once from the main thread, which lives as
@@ -23,6 +22,9 @@ from typing import Callable
 from ..machinery.changes import Outcome, Row
 
 WHAT = "CUDA device guard up front"
+# 2.10 brought the lazy registration with a thread_local guard; 2.12 made it a
+# static (pytorch#178950).  Seen crashing: 2.10.0, 2.11.0; not: 2.12.0-2.15.0.
+FIXED_IN = (2, 12)
 WHERE = "torch._C._ensureCUDADeviceGuardSet"
 
 
@@ -32,9 +34,17 @@ def plan() -> tuple[Row, Callable[[], None] | None]:
     ensure = getattr(torch._C, "_ensureCUDADeviceGuardSet", None)
     if ensure is None:
         return Row(WHAT, WHERE, Outcome.NOT_NEEDED, "this torch registers no fake CUDA guard"), None
+    if _release(torch.__version__) >= FIXED_IN:
+        return Row(WHAT, WHERE, Outcome.NOT_NEEDED,
+                   "torch keeps the guard for the process (pytorch#178950)"), None
     if torch.cuda.is_available():
         return Row(WHAT, WHERE, Outcome.NOT_NEEDED, "a GPU is present: torch's own guard serves"), None
     return Row(WHAT, WHERE, Outcome.PATCHED), lambda: register(ensure)
+
+
+def _release(version: str) -> tuple[int, int]:
+    major, minor = (version.split("+")[0].split(".") + ["0"])[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
 
 
 def register(ensure: Callable[[], None]) -> None:

@@ -326,5 +326,5 @@ def test_status_reasons(monkeypatch):
 def test_doctor_reports_the_row():
     from fxguard import doctor
     status = fxguard.install()
-    text = doctor.report([], status, 0.0)
+    text = " ".join(doctor.report([], status, 0.0, verbose=True).split())
     assert "config follows thread" in text and row(status)["reason"] in text

@@ -1,4 +1,4 @@
-"""Run fxguard on every torch release it claims, and write README's sweep table.
+"""Run fxguard on every torch release it claims, and write the sweep table (docs/versions.md).
 
     python3 tools/sweep_versions.py                 # every version below (hours; GBs)
     python3 tools/sweep_versions.py 2.8.0 2.9.1     # some of them
@@ -11,7 +11,7 @@ Each version gets a venv under ~/.cache/fxguard/venv-torch-<version> (made once;
 torch 2.13.0 is the CPU wheel from this machine's disk, the others CUDA wheels
 from the index, pip's 2.14.1 cap lifted for newer ones), the working tree
 installed into it, then `python -m fxguard doctor` and the whole test suite.
-What each printed is summarised in tools/sweep/<version>.json and README's
+What each printed is summarised in tools/sweep/<version>.json and docs/versions.md's
 table between the sweep markers is rewritten from every saved result.
 """
 from __future__ import annotations
@@ -72,7 +72,7 @@ def suites_in_ci_log(text: str) -> dict[str, str]:
     found, version = {}, None
     for line in text.splitlines():
         m = re.match(r"== torch ([\d.]+): the whole suite", line) or \
-            re.match(r"== README test command \(torch ([\d.]+)\)", line)
+            re.match(r"== README test command \(torch ([\d.]+)", line)
         if m:
             version = m.group(1)
         elif version and (m := re.match(r"^=*\s*(\d+ (?:passed|failed).*?) in [\d.]+s", line)):
@@ -133,10 +133,10 @@ def table() -> str:
 
 
 def write_table() -> None:
-    readme = ROOT / "README.md"
+    readme = ROOT / "docs" / "versions.md"
     text = readme.read_text()
     if BEGIN not in text or END not in text:
-        sys.exit(f"README.md has no {BEGIN} ... {END} markers")
+        sys.exit(f"docs/versions.md has no {BEGIN} ... {END} markers")
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
     readme.write_text(f"{head}{BEGIN}\n{table()}\n{END}{tail}")

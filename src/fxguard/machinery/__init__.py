@@ -1,11 +1,24 @@
 """fxguard's machinery: how a library's state is made per thread.  Knows no torch names.
 
+What a change is, and applying it:
 - ``changes``: what a change is, and what install() says about each row (Outcome, Row);
 - ``originals``: the one record of what was there before, so undo is exact;
+- ``settle``: wait until no other thread runs code a change is about to strand;
 - ``codegen``: new code for a function that keeps its identity (the one code swap);
 - ``rewrite``: a function recompiled from its own source with chosen globals redirected;
-- ``code_cache``: rewrite's results kept on disk, like .pyc files;
+- ``code_cache``: rewrite's (and writers') results kept on disk, like .pyc files;
+- ``writers``: who in a package assigns a module global as an attribute.
+
+Kinds of per-thread state:
 - ``per_thread_globals``: module globals served per thread from the C core's records;
+- ``per_thread_attrs``: class and instance attributes served per thread;
 - ``per_thread_patching``: "patch this for my trace" made to patch only the calling thread;
 - ``overlay``: writes inside a window stay in the writing thread.
+
+Concurrency primitives:
+- ``compile_gate``: one compile per code object at a time, its result for those who waited;
+- ``shared_lock``: a lock some holders hold shared (concurrent compiles);
+- ``shared_window``: one process-wide window for overlapping users (anomaly mode);
+- ``once``: one-time set-up run once, whoever calls first;
+- ``exact_counters``: counters that stay exact under threads.
 """

@@ -282,7 +282,8 @@ def _concurrent_status(options: dict[str, bool], rows: list[Row]) -> dict[str, A
     this torch, and which of its rows apply here."""
     from .torch_support import facts
     on = options["concurrent_compiles"]
-    return {"enabled": on, "tested": facts.concurrent_compiles_tested(),
+    return {"enabled": on, "stress_tested": facts.concurrent_compiles_stress_tested(),
+            "tested": facts.concurrent_compiles_tested(),
             "applies": [r.where for r in rows if r.patched] if on else [],
             "not_on_this_torch": [r.where for r in rows
                                   if r.outcome in (Outcome.NOT_AVAILABLE, Outcome.NOT_NEEDED)]}

@@ -108,13 +108,22 @@ def concurrent_compiles_refusal() -> str | None:
     from .. import interpreter
     if "concurrent_compiles" in os.environ.get(ALLOW_UNTESTED, "").replace(" ", "").split(","):
         return None
-    release = torch.__version__.split("+")[0]
-    if release in CONCURRENT_COMPILES_STRESSED and interpreter.gil_enabled():
+    if concurrent_compiles_stress_tested():
         return None
+    release = torch.__version__.split("+")[0]
     where = f"torch {release}" if interpreter.gil_enabled() else "a Python with the GIL off"
     return (f"concurrent_compiles has not been stress-tested on {where} (tested: torch "
             f"{', '.join(CONCURRENT_COMPILES_STRESSED)} with the GIL); nothing was changed. "
             f"To run it anyway, set {ALLOW_UNTESTED}=concurrent_compiles")
+
+
+def concurrent_compiles_stress_tested() -> bool:
+    """The stress suite ran on the installed torch, with the GIL (as now)."""
+    import torch
+
+    from .. import interpreter
+    return interpreter.gil_enabled() and \
+        torch.__version__.split("+")[0] in CONCURRENT_COMPILES_STRESSED
 
 
 def concurrent_compiles_tested() -> str:

@@ -12,6 +12,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 import fxguard
 from fxguard.demos.rng_rewind import draws_during_a_compile
@@ -28,6 +29,19 @@ def test_draws_during_another_threads_compile_are_not_repeated(guard):
     during, after = draws_during_a_compile()
     repeated = [d for d in after if d in during]
     assert repeated == [], f"{len(repeated)} of {len(after)} draws repeated"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("guard", [
+    pytest.param("off", marks=pytest.mark.xfail(strict=True, reason="stock rewinds the draws")),
+    "on"])
+def test_cuda_draws_during_another_threads_compile_are_not_repeated(guard):
+    if guard == "on":
+        fxguard.install()
+    during, after = draws_during_a_compile("cuda")
+    repeated = [d for d in after if d in during]
+    assert repeated == [], f"{len(repeated)} of {len(after)} CUDA draws repeated"
 
 
 def test_option_off_keeps_stock_restore():

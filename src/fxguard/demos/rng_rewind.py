@@ -27,9 +27,9 @@ def _fresh_function():
     return namespace["double_plus_one"]
 
 
-def draws_during_a_compile() -> tuple[list, list]:
+def draws_during_a_compile(device: str = "cpu") -> tuple[list, list]:
     """(draws of a thread made while the main thread's compile was held, the
-    main thread's draws after the compile)."""
+    main thread's draws after the compile), from ``device``'s generator."""
     import torch
     in_backend, drawn = threading.Event(), threading.Event()
 
@@ -42,14 +42,14 @@ def draws_during_a_compile() -> tuple[list, list]:
 
     def drafter() -> None:
         in_backend.wait(60)
-        during.extend(torch.rand(4).tolist() for _ in range(3))
+        during.extend(torch.rand(4, device=device).tolist() for _ in range(3))
         drawn.set()
 
     thread = threading.Thread(target=drafter, daemon=True)
     thread.start()
     torch.compile(_fresh_function(), backend=backend)(torch.ones(3))
     thread.join(60)
-    return during, [torch.rand(4).tolist() for _ in range(3)]
+    return during, [torch.rand(4, device=device).tolist() for _ in range(3)]
 
 
 def rng_rewound() -> RaceResult:

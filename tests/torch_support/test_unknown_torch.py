@@ -100,3 +100,23 @@ def test_a_new_writer_of_the_fx_flag_refuses_install(monkeypatch):
     with pytest.raises(fxguard.UnsupportedTorchError, match="new_writer"):
         fxguard.install()
     assert originals.applied() == () and not fxguard.is_installed()
+
+
+def test_a_user_of_a_per_thread_global_whose_source_differs_stands_its_row_down(
+        monkeypatch, caplog):
+    """A release whose module has a function using the global that fxguard cannot
+    match to its source file: that global's row stands down, the others apply."""
+    import torch.fx.traceback as fx_traceback
+    namespace = {}
+    exec(compile("\n" * 3 + "def new_reader():\n    return should_preserve_node_meta\n",
+                 fx_traceback.__file__, "exec"), vars(fx_traceback), namespace)
+    monkeypatch.setitem(vars(fx_traceback), "new_reader", namespace["new_reader"])
+    with caplog.at_level(logging.WARNING, logger="fxguard"):
+        info = fxguard.install()
+    rows = {r["where"]: r["reason"] for r in info["patch_points"]}
+    assert rows["torch.fx.traceback.should_preserve_node_meta"].startswith("not covered")
+    assert "new_reader" in rows["torch.fx.traceback.should_preserve_node_meta"]
+    assert rows["torch.compiler._is_compiling_flag"] == "patched"
+    assert any("new_reader" in m for m in caplog.messages)
+    assert "should_preserve_node_meta" in vars(fx_traceback)  # stays the module global
+    assert fx_traceback.new_reader() is False and fx_traceback.has_preserved_node_meta() is False

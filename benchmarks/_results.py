@@ -177,6 +177,10 @@ HEADLINES = {
         (f"{label}: median (max)", lambda r, s=setup: f"{ratio(r['median_ratio_to_import_torch'][s])} "
                                                      f"({ratio(r['max_ratio_to_import_torch'][s])})")
         for setup, label in (("warm", "warm cache"), ("cold", "cold cache"), ("off", "no cache"))] + [
+        ("as a user times it (nothing preloaded, warm cache)",
+         lambda r: f"{ratio(r['median_ratio_to_import_torch']['user'])} "
+                   f"({ratio(r['max_ratio_to_import_torch']['user'])})"
+         if "user" in r["median_ratio_to_import_torch"] else "—"),
         ("uninstall + install: warm / no cache", lambda r: f"{ratio(r['median_reinstall_ratio']['warm'])} / "
                                                              f"{ratio(r['median_reinstall_ratio']['off'])}"),
         ("runs", lambda r: text(r.get("runs_per_setup")))],

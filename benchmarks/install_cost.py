@@ -7,6 +7,8 @@ calls install() (timed), then uninstall() + install() again (timed):
   cold   an empty code cache (FXGUARD_CACHE_DIR, a new folder)
   warm   the folder a cold run filled (what every later process on the machine pays)
   off    FXGUARD_CACHE_DIR= : no cache (what a read-only or missing folder costs)
+  user   the warm folder, and install() right after ``import torch`` with nothing
+         else imported: what a user times (install() imports the modules it changes)
 
 Runs rotate between the setups so drift hits all alike.  Goals (issue "A new
 user's first hour"): warm <= 0.1x of import torch, cold <= 0.7x.  JSON line.
@@ -63,17 +65,18 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=5, help="runs per setup")
     _harness.add_output_options(parser)
     args = parser.parse_args()
-    runs: dict[str, list[dict]] = {"cold": [], "warm": [], "off": []}
+    runs: dict[str, list[dict]] = {"cold": [], "warm": [], "off": [], "user": []}
     with tempfile.TemporaryDirectory() as tmp:
         modules = child(MODULES, "")  # what install() imports beyond torch
         setups = list(runs)
         for i in range(args.n):
             cold_dir = os.path.join(tmp, f"cold-{i}")
-            for name in setups[i % 3:] + setups[:i % 3]:
-                folder = {"cold": cold_dir, "warm": os.path.join(tmp, "warm"), "off": ""}[name]
-                if name == "warm" and not os.path.exists(folder):
+            for name in setups[i % 4:] + setups[:i % 4]:
+                folder = {"cold": cold_dir, "warm": os.path.join(tmp, "warm"), "off": "",
+                          "user": os.path.join(tmp, "warm")}[name]
+                if name in ("warm", "user") and not os.path.exists(folder):
                     child(CHILD, folder, *modules)  # fill it once
-                runs[name].append(child(CHILD, folder, *modules))
+                runs[name].append(child(CHILD, folder, *(() if name == "user" else modules)))
 
     def ratios(name: str, key: str) -> list[float]:
         return [r[key] / r["import_torch"] for r in runs[name]]

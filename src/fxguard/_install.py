@@ -71,7 +71,7 @@ def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
 
     Raises UnsupportedTorchError, leaving torch untouched, on a torch whose
     layout fxguard does not know.  Logs what it did on the "fxguard" logger.
-    What it computes from torch's source is cached on disk (README, "Install
+    What it computes from torch's source is cached on disk (docs/how-it-works.md, "Install
     cost"), so a later process installs in a fraction of the time.
     """
     global _installed

@@ -20,7 +20,7 @@ import types
 from typing import NoReturn
 
 RUN_USAGE = "fxguard run [--options NAME=0|1,...] (script.py | -m module) [args ...]"
-OPTIONS_HELP = "install() options: block_mask_lock=0,eager_backward=0 (names in README, API)"
+OPTIONS_HELP = "install() options: block_mask_lock=0,eager_backward=0 (names: docs/api.md)"
 
 
 def main(argv: list[str] | None = None) -> int:

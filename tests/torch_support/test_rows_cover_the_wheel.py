@@ -35,7 +35,7 @@ def test_every_row_is_patched_or_says_why():
                or r["what"] in KNOWN_HAZARDS for r in rows), rows
     for r in rows:
         if r["what"] in KNOWN_HAZARDS and r["reason"].startswith("not covered"):
-            assert "README" in r["reason"], r  # says where the user reads about it
+            assert "docs/limits.md" in r["reason"], r  # says where the user reads about it
 
 
 # Rows whose absence on an older torch is a hazard fxguard reports rather than fixes.

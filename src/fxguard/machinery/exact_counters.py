@@ -14,7 +14,7 @@ other thread's count (or its whole new group).
 thread runs between the read and the write: no lock, nothing to wait for.
 ``plan`` makes a counters dict use it: its factory, and the class of the
 counters already in it (``__class__`` assignment: same layout).  On a
-free-threaded build with the GIL off this is not enough (README, Limits).
+free-threaded build with the GIL off this is not enough (docs/limits.md).
 """
 from __future__ import annotations
 

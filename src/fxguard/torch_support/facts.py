@@ -90,7 +90,7 @@ def python_inherits_context() -> bool:
 
 # torch releases the concurrent_compiles stress suite
 # (tests/races/test_concurrent_compiles_stress.py) and its race tests were run
-# on, CPU, Python 3.11 (README, "Concurrent compiles").
+# on, CPU, Python 3.11 (docs/concurrent-compiles.md).
 CONCURRENT_COMPILES_STRESSED = ("2.11.0", "2.13.0", "2.14.1", "2.15.0")
 
 

@@ -372,7 +372,7 @@ CONFIG_DEFAULTS: tuple[ConfigDefault, ...] = (
                   missing=(Outcome.NOT_COVERED,
                            "this torch has no such switch; a backward first compiled on a GPU's "
                            "autograd worker can deadlock with another thread's compile "
-                           "(README, Limits)")),
+                           "(docs/limits.md)")),
 )
 
 

@@ -14,13 +14,14 @@ from torch._dynamo import convert_frame
 import fxguard
 from fxguard.machinery import originals
 from fxguard.torch_support import facts
-from guarded import fresh_function
+from guarded import fresh_function, needs_the_gil_for_compile_once
 
 
 def _row(info, what):
     return next(r for r in info["patch_points"] if r["what"] == what)
 
 
+@needs_the_gil_for_compile_once
 def test_a_callback_with_another_signature_stands_down(monkeypatch, caplog):
     stock = convert_frame.CatchErrorsWrapper.__call__
 

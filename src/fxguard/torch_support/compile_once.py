@@ -321,7 +321,13 @@ def _reuse(t: _Torch, found: tuple[Any, Any, Any]) -> Any:
         kwargs["compile_id"] = compile_id
     if "trace_annotation" in names and annotation is not None:
         kwargs["trace_annotation"] = annotation
-    return t.wrap(t.guarded_code(**kwargs))
+    result = t.wrap(t.guarded_code(**kwargs))
+    if dataclasses.is_dataclass(result) and any(
+            f.name == "apply_to_code" for f in dataclasses.fields(result)):
+        # Run this call only: the code object's strategy (a skip or run-only another
+        # thread's compile just set) stays as torch left it.
+        result = dataclasses.replace(result, apply_to_code=False)
+    return result
 
 
 def _make_callback(state: CompileOnce, t: _Torch) -> Callable:

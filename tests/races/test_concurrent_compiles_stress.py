@@ -44,7 +44,10 @@ def compiled_and_guards_hold(name: str, code, call_again) -> list[str]:
     from torch._dynamo.utils import guard_failures
     entries = cache_entries(code)
     if entries == 0:
-        return [f"{name}: not compiled (ran eager)"]
+        from torch._dynamo.utils import counters
+        return [f"{name}: not compiled (ran eager); frames {dict(counters['frames'])}, "
+                f"recompile limit hit {dict(counters['recompiles'])}, "
+                f"graph breaks {len(counters['graph_break'])}"]
     call_again()
     if cache_entries(code) == entries:
         return []

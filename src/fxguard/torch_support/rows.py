@@ -461,6 +461,11 @@ CONCURRENT_PER_THREAD: tuple[PerThread, ...] = (
     PerThread("torch.fx.graph_module", "_forward_from_src", factory=_original_forward_from_src,
               writers=("torch._dynamo.convert_frame.trace_frame",),
               or_writers=("torch._dynamo.convert_frame.preserve_global_state",)),
+    # True while a compile traces a function it must inline whole (_force_inline,
+    # around utils._make_inlined); check_verbose then skips nothing.  Read in every
+    # thread's frame callback: another thread's cache miss compiled a frame dynamo
+    # skips (Module._wrapped_call_impl instead of the module's forward).
+    PerThread("torch._dynamo.trace_rules", "_force_inline_flag", False),
     # make_fx's decomposition table and the aten op being traced (<= 2.12;
     # 2.13 keeps ORIGINAL_ATEN in a ContextVar and the table elsewhere).
     PerThread("torch.fx.experimental.proxy_tensor", "CURRENT_DECOMPOSITION_TABLE", factory=dict),

@@ -78,28 +78,29 @@ def _check(way, failures):
         assert not failures, failures
 
 
-def test_install_while_a_thread_is_inside_a_stock_reader(waits):
+def _while_held(waits, change):
+    """Run ``change()`` while a thread is held at format_stack's first instruction;
+    what the held frame raised once released."""
     way, settling = waits
+    settling.clear()
     done = threading.Event()
     thread, failures = _held_call(fx_traceback.format_stack,
                                   lambda: done.is_set() or settling.is_set())
-    fxguard.install()
+    change()
     done.set()
     thread.join(60)
+    return way, failures
+
+
+def test_install_while_a_thread_is_inside_a_stock_reader(waits):
+    way, failures = _while_held(waits, fxguard.install)
     assert "should_preserve_node_meta" not in vars(fx_traceback)
     _check(way, failures)
 
 
 def test_uninstall_while_a_thread_is_inside_rewritten_code(waits):
-    way, settling = waits
     fxguard.install()
-    settling.clear()
-    done = threading.Event()
-    thread, failures = _held_call(fx_traceback.format_stack,
-                                  lambda: done.is_set() or settling.is_set())
-    fxguard.uninstall()
-    done.set()
-    thread.join(60)
+    way, failures = _while_held(waits, fxguard.uninstall)
     assert "should_preserve_node_meta" in vars(fx_traceback)
     _check(way, failures)
 

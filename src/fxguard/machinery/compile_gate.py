@@ -26,7 +26,6 @@ import threading
 import types
 from typing import Any, Iterator
 
-_MINE = object()
 
 
 class Ticket:
@@ -88,11 +87,8 @@ class CompileGate:
         compiles without compile once); a block re-entered by the holder nests."""
         with self._cond:
             ticket = self._in_flight.get(id(code))
-            if ticket is not None and ticket.owner == threading.get_ident():
-                ticket = None  # re-entered: the outer block holds the turn
-            else:
-                ticket = _MINE
-        if ticket is None:
+            reentered = ticket is not None and ticket.owner == threading.get_ident()
+        if reentered:  # the outer block holds the turn
             yield
             return
         try:

@@ -47,8 +47,14 @@ def _release(version: str) -> tuple[int, int]:
     return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
 
 
+_registered = threading.Event()  # process-wide on purpose, like the registration itself
+
+
 def register(ensure: Callable[[], None]) -> None:
-    """Call ``ensure`` from a thread that outlives every compile."""
+    """Call ``ensure`` from a thread that outlives every compile, once a process."""
+    if _registered.is_set():
+        return
+    _registered.set()
     if threading.current_thread() is threading.main_thread():
         ensure()
         return

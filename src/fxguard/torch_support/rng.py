@@ -34,42 +34,41 @@ SITES = (SAVER, "torch._dynamo.utils.preserve_rng_state", "torch._dynamo.utils.c
 Key = tuple[str, str, int]  # (file, name, first line) of a code object
 
 
+def _codes(fn: object) -> list[types.CodeType]:
+    """fn's code and every code nested in it (a contextmanager: its generator's)."""
+    fn = getattr(fn, "__wrapped__", fn)
+    if not isinstance(fn, types.FunctionType):
+        return []
+    found, stack = [], [fn.__code__]
+    while stack:
+        code = stack.pop()
+        found.append(code)
+        stack += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    return found
+
+
+def _key(code: types.CodeType) -> Key:
+    return code.co_filename, code.co_name, code.co_firstlineno
+
+
+def _resolve(path: str) -> object:
+    import importlib
+    module, _, name = path.rpartition(".")
+    return vars(importlib.import_module(module)).get(name)
+
+
 def _sites() -> tuple[frozenset[Key], frozenset[Key]]:
     """(codes that save the generator states, codes that set them back) in SITES."""
-    import importlib
-    saves, restores = set(), set()
-    for path in SITES:
-        module, _, name = path.rpartition(".")
-        fn = vars(importlib.import_module(module)).get(name)
-        fn = getattr(fn, "__wrapped__", fn)  # a contextmanager: its generator function
-        if not isinstance(fn, types.FunctionType):
-            continue
-        stack = [fn.__code__]
-        while stack:
-            code = stack.pop()
-            key = (code.co_filename, code.co_name, code.co_firstlineno)
-            if "get_rng_state" in code.co_names:
-                saves.add(key)
-            if "set_rng_state" in code.co_names:
-                restores.add(key)
-            stack += [c for c in code.co_consts if isinstance(c, types.CodeType)]
-    return frozenset(saves), frozenset(restores)
+    codes = [code for path in SITES for code in _codes(_resolve(path))]
+    return (frozenset(_key(c) for c in codes if "get_rng_state" in c.co_names),
+            frozenset(_key(c) for c in codes if "set_rng_state" in c.co_names))
 
 
 def restorer_keys() -> frozenset[Key] | None:
-    """The codes in preserve_global_state that set the generator states back;
-    None where it has none (another contract)."""
-    import importlib
-    saver = vars(importlib.import_module(CONVERT_FRAME)).get("preserve_global_state")
-    if not isinstance(saver, types.FunctionType):
-        return None
-    found, stack = set(), [saver.__code__]
-    while stack:
-        code = stack.pop()
-        if {"get_rng_state", "set_rng_state"} <= set(code.co_names):
-            found.add((code.co_filename, code.co_name, code.co_firstlineno))
-        stack += [c for c in code.co_consts if isinstance(c, types.CodeType)]
-    return frozenset(found) or None
+    """The codes in preserve_global_state that save and set back the generator
+    states; None where it has none (another contract)."""
+    return frozenset(_key(c) for c in _codes(_resolve(SAVER))
+                     if {"get_rng_state", "set_rng_state"} <= set(c.co_names)) or None
 
 
 def needed(_facts: Any) -> tuple[Outcome, str] | None:
@@ -91,8 +90,7 @@ class Restores:
 
     @staticmethod
     def _caller() -> Key:
-        code = sys._getframe(3).f_code  # 0 this, 1 saving/skip, 2 the swapped body, 3 its caller
-        return code.co_filename, code.co_name, code.co_firstlineno
+        return _key(sys._getframe(3).f_code)  # 0 this, 1 saving/skip, 2 the swapped body
 
     def saving(self) -> None:
         """In get_rng_state: note whether other threads run as a compile saves."""

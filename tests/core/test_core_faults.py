@@ -192,7 +192,7 @@ def test_bad_arguments_to_the_other_functions(name, args, error):
 def test_every_public_function_is_checked():
     callables = {n for n in dir(_core) if callable(getattr(_core, n)) and not n.startswith("__")}
     assert callables == set(NO_ARGUMENT_FUNCTIONS) | {
-        "_configure", "fx_tracing", "SlotView", "RLock", "_await_thread_exits",
+        "_configure", "_extend_layout", "fx_tracing", "SlotView", "RLock", "_await_thread_exits",
         "_function_version", "_restore_function_version", "Reader", "Dispatch"}
 
 
@@ -268,6 +268,53 @@ def test_configure_rejects_bad_arguments_and_changes_nothing(configured, args, k
         _core._configure(*args, **kwargs)
     assert _core._mode() == _core.MODE_PATCHED
     assert _core._thread_values() == ["mine", {}]  # same layout: no new epoch
+
+
+@pytest.mark.parametrize("args, error", [
+    ((), TypeError),
+    (([0], [None]), TypeError),
+    (((0,), ()), ValueError),
+    (((0,), (5,)), TypeError),
+])
+def test_extend_layout_rejects_bad_arguments_and_changes_nothing(configured, args, error):
+    with pytest.raises(error):
+        _core._extend_layout(*args)
+    assert _core._thread_values() == ["mine", {}]
+
+
+def test_extend_layout_needs_a_configured_core():
+    with pytest.raises(RuntimeError, match="not configured"):
+        _core._extend_layout((1,), (None,))
+
+
+def test_extended_layout_keeps_every_threads_values(configured):
+    """A row applied after install() adds slots: values set before stay, in this
+    thread and in another, and a new thread starts from every default."""
+    other, extended = threading.Event(), threading.Event()
+    seen = {}
+
+    def worker():
+        configured.count = "theirs"
+        other.set()
+        extended.wait()
+        seen["worker"] = _core._thread_values()
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    other.wait()
+    _core._extend_layout(("late", None), (None, list))
+    extended.set()
+    thread.join()
+    assert _core._thread_values() == ["mine", {}, "late", []]
+    assert seen["worker"] == ["theirs", {}, "late", []]
+    assert _core.SlotView({"late": 2}).late == "late"
+    fresh = []
+    thread = threading.Thread(target=lambda: fresh.append(_core._thread_values()))
+    thread.start()
+    thread.join()
+    assert fresh == [[0, {}, "late", []]]
+    _core._configure(_core.MODE_PATCHED, defaults=(0,), factories=(None,))  # a new install
+    assert _core._thread_values() == [0]
 
 
 @pytest.mark.parametrize("state, error", [

@@ -1,5 +1,6 @@
 /* _configure(): what install()/uninstall() hand the core (fxg_config).
- * Every call starts a new slot layout (epoch). */
+ * Every call starts a new slot layout (epoch); _extend_layout() appends slots
+ * to it for rows applied later (a torch module imported after install()). */
 #include "fxguard.h"
 
 /* The torch functions install() hands the core, by keyword, in kwlist's order. */
@@ -35,6 +36,7 @@ swap_config(fxg_state *st, PyObject *objects[N_OBJECTS], int mode, int carry_con
     FXG_STORE_INT(&c->mode, mode);
     FXG_STORE_INT(&c->carry_context, carry_context);
     FXG_STORE_UINT64(&c->epoch, c->epoch + 1);
+    c->base_epoch = c->epoch;
     fxg_mutex_unlock(&c->mutex);
 }
 
@@ -49,13 +51,29 @@ fxg_config_clear(fxg_state *st)
 }
 
 void
-fxg_config_layout(fxg_state *st, uint64_t *epoch, PyObject **defaults, PyObject **factories)
+fxg_config_layout(fxg_state *st, uint64_t *epoch, uint64_t *base_epoch, PyObject **defaults,
+                  PyObject **factories)
 {
     fxg_mutex_lock(&st->config.mutex);
     *epoch = st->config.epoch;
+    *base_epoch = st->config.base_epoch;
     *defaults = Py_XNewRef(st->config.defaults);
     *factories = Py_XNewRef(st->config.factories);
     fxg_mutex_unlock(&st->config.mutex);
+}
+
+/* 0, or -1 with TypeError unless every item of the tuple (or NULL) is a callable or None. */
+static int
+check_factories(PyObject *factories, const char *who)
+{
+    for (Py_ssize_t i = 0; factories != NULL && i < PyTuple_GET_SIZE(factories); i++) {
+        PyObject *f = PyTuple_GET_ITEM(factories, i);
+        if (f != Py_None && !PyCallable_Check(f)) {
+            PyErr_Format(PyExc_TypeError, "%s: factories must be callables or None", who);
+            return -1;
+        }
+    }
+    return 0;
 }
 
 typedef struct {
@@ -91,12 +109,8 @@ parse_configure(PyObject *args, PyObject *kwargs, configure_args *a)
         PyErr_SetString(PyExc_ValueError, "_configure: defaults and factories differ in length");
         return -1;
     }
-    for (Py_ssize_t i = 0; i < nslots; i++) {
-        PyObject *f = PyTuple_GET_ITEM(a->factories, i);
-        if (f != Py_None && !PyCallable_Check(f)) {
-            PyErr_SetString(PyExc_TypeError, "_configure: factories must be callables or None");
-            return -1;
-        }
+    if (check_factories(a->factories, "_configure") < 0) {
+        return -1;
     }
     if (nslots == 0) {
         a->defaults = a->factories = NULL;
@@ -148,6 +162,71 @@ fxg_configure(PyObject *module, PyObject *args, PyObject *kwargs)
     swap_config(st, objects, a.mode, a.carry_context, steals);
     for (int i = 0; i < N_OBJECTS; i++) {
         Py_XDECREF(objects[i]);
+    }
+    Py_RETURN_NONE;
+}
+
+/* old + more: a new tuple (old may be NULL). */
+static PyObject *
+joined(PyObject *old, PyObject *more)
+{
+    return old != NULL ? PySequence_Concat(old, more) : Py_NewRef(more);
+}
+
+/* _extend_layout(defaults, factories)
+ * Rows applied after install() (their torch module was imported later) add
+ * slots at the end of the layout.  A new epoch, but records made since the
+ * last _configure() keep their values and get initial ones for the new slots
+ * only (record.c, refresh_layout).  Callers serialise with _configure()
+ * (fxguard._install's lock): the layout read here is the one replaced. */
+PyObject *
+fxg_extend_layout(PyObject *module, PyObject *args)
+{
+    PyObject *defaults, *factories;
+    if (!PyArg_ParseTuple(args, "O!O!:_extend_layout", &PyTuple_Type, &defaults, &PyTuple_Type,
+                          &factories)) {
+        return NULL;
+    }
+    if (PyTuple_GET_SIZE(defaults) != PyTuple_GET_SIZE(factories)) {
+        PyErr_SetString(PyExc_ValueError, "_extend_layout: defaults and factories differ in length");
+        return NULL;
+    }
+    if (check_factories(factories, "_extend_layout") < 0) {
+        return NULL;
+    }
+    fxg_state *st = (fxg_state *)PyModule_GetState(module);
+    if (FXG_LOAD_INT(&st->config.mode) == FXG_MODE_OFF) {
+        PyErr_SetString(PyExc_RuntimeError, "_extend_layout: the core is not configured");
+        return NULL;
+    }
+    if (PyTuple_GET_SIZE(defaults) == 0) {
+        Py_RETURN_NONE;
+    }
+    uint64_t epoch, base;
+    PyObject *old[2];
+    fxg_config_layout(st, &epoch, &base, &old[0], &old[1]);
+    PyObject *new[2] = {joined(old[0], defaults), joined(old[1], factories)};
+    PyObject *replaced[2] = {NULL, NULL}; /* let go of outside the mutex */
+    int failed = new[0] == NULL || new[1] == NULL;
+    if (!failed) {
+        fxg_config *c = &st->config;
+        PyObject **fields[2] = {&c->defaults, &c->factories};
+        fxg_mutex_lock(&c->mutex);
+        for (int i = 0; i < 2; i++) {
+            replaced[i] = *fields[i];
+            FXG_STORE_PTR(fields[i], new[i]);
+            new[i] = NULL;
+        }
+        FXG_STORE_UINT64(&c->epoch, c->epoch + 1);
+        fxg_mutex_unlock(&c->mutex);
+    }
+    for (int i = 0; i < 2; i++) {
+        Py_XDECREF(new[i]);
+        Py_XDECREF(old[i]);
+        Py_XDECREF(replaced[i]);
+    }
+    if (failed) {
+        return NULL;
     }
     Py_RETURN_NONE;
 }

@@ -85,7 +85,8 @@ typedef struct {
 typedef struct {
     fxg_mutex mutex;
     int mode;                /* an fxg_mode */
-    uint64_t epoch;          /* bumped by every _configure(): records' slot layout */
+    uint64_t epoch;          /* bumped by every _configure() and _extend_layout() */
+    uint64_t base_epoch;     /* the last _configure()'s epoch: since then slots were only added */
     int carry_context;       /* records note their thread's Context (config per thread) */
     PyObject *defaults;      /* tuple: each slot's initial value (NULL: no slots) */
     PyObject *factories;     /* tuple: callable making a fresh initial value, or None */
@@ -321,10 +322,12 @@ int fxg_record_set_flag(fxg_state *st, fxg_record *rec, int value);
 /* config.c */
 PyObject *fxg_configure(PyObject *module, PyObject *args, PyObject *kwargs);
 void fxg_config_clear(fxg_state *st);
-/* The slot layout: its epoch, defaults and factories (new references or
- * NULL when there are no slots), read together. */
-void fxg_config_layout(fxg_state *st, uint64_t *epoch, PyObject **defaults,
-                       PyObject **factories);
+PyObject *fxg_extend_layout(PyObject *module, PyObject *args);
+/* The slot layout: its epoch, the epoch of the _configure() it grew from,
+ * defaults and factories (new references or NULL when there are no slots),
+ * read together. */
+void fxg_config_layout(fxg_state *st, uint64_t *epoch, uint64_t *base_epoch,
+                       PyObject **defaults, PyObject **factories);
 
 /* slot_view.c */
 extern PyType_Spec fxg_slot_view_spec;

@@ -171,6 +171,10 @@ static PyMethodDef core_methods[] = {
      "           upstream_set=None, carry_context=False)\n--\n\n"
      "Called by install()/uninstall(): the slot layout and the torch functions\n"
      "the core may call.  Each call starts a new layout."},
+    {"_extend_layout", fxg_extend_layout, METH_VARARGS,
+     "_extend_layout($module, defaults, factories, /)\n--\n\n"
+     "Slots added at the end of the layout (rows applied after install());\n"
+     "threads keep the values they have."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -73,16 +73,13 @@ PyType_Spec fxg_record_spec = {
 
 /* -- slot values --------------------------------------------------------------- */
 
-/* A list of fresh initial values for the slots of the current _configure(),
- * whose epoch goes to *epoch. */
+/* Fresh initial values for slots [start, len(defaults)) (a new list). */
 static PyObject *
-initial_values(fxg_state *st, uint64_t *epoch)
+initial_values(PyObject *defaults, PyObject *factories, Py_ssize_t start)
 {
-    PyObject *defaults, *factories;
-    fxg_config_layout(st, epoch, &defaults, &factories);
     Py_ssize_t n = defaults ? PyTuple_GET_SIZE(defaults) : 0;
-    PyObject *values = PyList_New(n);
-    for (Py_ssize_t i = 0; values != NULL && i < n; i++) {
+    PyObject *values = PyList_New(n > start ? n - start : 0);
+    for (Py_ssize_t i = start; values != NULL && i < n; i++) {
         PyObject *factory = PyTuple_GET_ITEM(factories, i);
         PyObject *v = factory == Py_None ? Py_NewRef(PyTuple_GET_ITEM(defaults, i))
                                          : PyObject_CallNoArgs(factory);
@@ -90,35 +87,59 @@ initial_values(fxg_state *st, uint64_t *epoch)
             Py_CLEAR(values);
             break;
         }
-        PyList_SET_ITEM(values, i, v);
+        PyList_SET_ITEM(values, i - start, v);
     }
-    Py_XDECREF(defaults);
-    Py_XDECREF(factories);
     return values;
 }
 
-/* Bring a record made under an earlier _configure() to this one's layout. */
+/* How many of rec's values the layout of `epoch` keeps: all of them when rec
+ * has a layout of the same _configure() (slots were only added since). */
+static Py_ssize_t
+kept_values(fxg_record *rec, uint64_t base_epoch)
+{
+    return rec->epoch >= base_epoch && rec->values != NULL ? PyList_GET_SIZE(rec->values) : 0;
+}
+
+/* Bring a record made under an earlier layout to the current one. */
 static int
 refresh_layout(fxg_state *st, fxg_record *rec)
 {
     if (fxg_layout_is_current(st, rec)) {
         return 0;
     }
-    uint64_t epoch;
-    PyObject *values = initial_values(st, &epoch);
-    if (values == NULL) {
+    uint64_t epoch, base;
+    PyObject *defaults, *factories;
+    fxg_config_layout(st, &epoch, &base, &defaults, &factories);
+    Py_ssize_t keep;
+    FXG_BEGIN_CRITICAL_SECTION(rec);
+    keep = kept_values(rec, base);
+    FXG_END_CRITICAL_SECTION();
+    PyObject *fresh = initial_values(defaults, factories, keep); /* factories run any code */
+    Py_XDECREF(defaults);
+    Py_XDECREF(factories);
+    if (fresh == NULL) {
         return -1;
     }
+    PyObject *old = NULL;
+    int r = 0;
     FXG_BEGIN_CRITICAL_SECTION(rec);
-    if (rec->epoch < epoch) { /* another thread acting for rec may have been first */
-        PyObject *old = rec->values;
-        rec->values = values;
-        values = old;
-        FXG_STORE_UINT64(&rec->epoch, epoch);
+    /* another thread acting for rec may have been first */
+    if (rec->epoch < epoch && kept_values(rec, base) == keep) {
+        if (keep > 0) { /* appended: nothing let go of inside the section */
+            r = PyList_SetSlice(rec->values, keep, keep, fresh);
+        }
+        else {
+            old = rec->values;
+            rec->values = Py_NewRef(fresh);
+        }
+        if (r == 0) {
+            FXG_STORE_UINT64(&rec->epoch, epoch);
+        }
     }
     FXG_END_CRITICAL_SECTION();
-    Py_XDECREF(values); /* outside the section: finalizers may run any code */
-    return 0;
+    Py_DECREF(fresh); /* outside the section: finalizers may run any code */
+    Py_XDECREF(old);
+    return r;
 }
 
 int
@@ -256,7 +277,12 @@ fxg_make_own_record(fxg_state *st)
     rec->flag = rec->kept = rec->published = 0;
     rec->worker = !python_thread;
     rec->forks = st->records.forks;
-    rec->values = initial_values(st, &rec->epoch);
+    uint64_t base;
+    PyObject *defaults, *factories;
+    fxg_config_layout(st, &rec->epoch, &base, &defaults, &factories);
+    rec->values = initial_values(defaults, factories, 0);
+    Py_XDECREF(defaults);
+    Py_XDECREF(factories);
     rec->context = NULL;
     PyObject_GC_Track((PyObject *)rec);
     if (rec->values == NULL ||

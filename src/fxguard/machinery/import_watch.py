@@ -1,0 +1,157 @@
+"""Rows applied when their module is imported (install on import).
+
+``install()`` plans every row without importing anything (``no_imports``): a
+row whose planning would import a module of the watched package waits
+(``ModuleWaiting``, its outcome WAITING).  A ``Watcher`` on ``sys.meta_path``
+then sees each later import of that package's modules; when one a row waits
+for has been imported and no module of the package is still executing in any
+thread, it calls back, from inside the outermost import, before that import
+returns: the module that brought the others in is still marked initializing, so
+another thread importing it waits until the rows are in place.
+
+Both are torch-free: the package is a parameter (tests use their own).
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+from typing import Any, Callable, Iterator
+
+
+class ModuleWaiting(BaseException):
+    """Planning a row would import ``module``: the row waits for it.
+
+    A BaseException, so that a planner's ``except Exception`` (or ImportError)
+    cannot turn a row that waits into one that is "not available" for good."""
+
+    def __init__(self, module: str) -> None:
+        super().__init__(module)
+        self.module = module
+
+
+def _under(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def _find_after(me: Any, name: str, path: Any, target: Any) -> Any:
+    """The spec the finders after ``me`` on sys.meta_path give (nothing runs)."""
+    finders = list(sys.meta_path)
+    for finder in finders[finders.index(me) + 1:] if me in finders else finders:
+        find = getattr(finder, "find_spec", None)
+        spec = find(name, path, target) if find is not None else None
+        if spec is not None:
+            return spec
+    return None
+
+
+class _NoImports:
+    """A finder that refuses, in the threads inside ``no_imports``, every module
+    of the package not imported yet, before anything of it runs.  A name that
+    is no module (``torch.nn.Module``, tried by a path resolver) stays an
+    ImportError."""
+
+    def __init__(self, package: str) -> None:
+        self.package = package
+        self.threads: set[int] = set()
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if threading.get_ident() in self.threads and _under(name, self.package) \
+                and name not in sys.modules and _find_after(self, name, path, target) is not None:
+            raise ModuleWaiting(name)
+        return None
+
+
+_guards: dict[str, _NoImports] = {}
+_guards_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def no_imports(package: str) -> Iterator[None]:
+    """Inside, this thread's imports of modules of ``package`` that are not in
+    sys.modules yet raise ModuleWaiting (other threads import as usual)."""
+    with _guards_lock:
+        guard = _guards.get(package)
+        if guard is None:
+            guard = _guards[package] = _NoImports(package)
+            sys.meta_path.insert(0, guard)
+        me = threading.get_ident()
+        nested = me in guard.threads
+        guard.threads.add(me)
+    try:
+        yield
+    finally:
+        if not nested:
+            with _guards_lock:
+                guard.threads.discard(me)
+
+
+class Watcher:
+    """Calls ``ready()`` once a module in ``wanted`` was imported and no module
+    of ``package`` is executing in any thread (still inside the outermost
+    import, see the module's docstring).  ``wanted`` may be changed by ready().
+    ``settled()`` says whether such a module arrived and nothing executes now
+    (for a caller that catches up on a ready() it could not serve at once)."""
+
+    def __init__(self, package: str, ready: Callable[[], None]) -> None:
+        self.package = package
+        self.ready = ready
+        self.wanted: set[str] = set()
+        self._lock = threading.Lock()
+        self._executing = 0      # modules of the package executing, every thread
+        self._due = False        # a wanted module was imported since the last ready()
+        self._local = threading.local()  # find_spec's own lookups (no recursion)
+
+    def settled(self) -> bool:
+        """A wanted module arrived since the last call that said so, and no
+        module of the package is executing: time to apply what waited."""
+        with self._lock:
+            due = self._due and self._executing == 0
+            if due:
+                self._due = False
+            return due
+
+    def start(self) -> None:
+        if self not in sys.meta_path:
+            sys.meta_path.insert(0, self)
+
+    def stop(self) -> None:
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if not _under(name, self.package) or getattr(self._local, "busy", False):
+            return None
+        self._local.busy = True
+        try:
+            spec = _find_after(self, name, path, target)
+        finally:
+            self._local.busy = False
+        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            self._watch(spec.loader, name)
+        return spec
+
+    def _watch(self, loader: Any, name: str) -> None:
+        """This import's loader (an instance per module) reports when its module ran."""
+        exec_module = loader.exec_module
+
+        def watched(module: Any) -> None:
+            with self._lock:
+                self._executing += 1
+            ran = False
+            try:
+                exec_module(module)
+                ran = True
+            finally:
+                vars(loader).pop("exec_module", None)  # the loader as it was
+                with self._lock:
+                    self._executing -= 1
+                    self._due |= ran and name in self.wanted
+                    run = ran and self._due and self._executing == 0
+            if run:
+                self.ready()
+
+        try:
+            loader.exec_module = watched
+        except AttributeError:  # a loader with __slots__: its import is not seen
+            pass

@@ -9,11 +9,11 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from . import _core, interpreter
-from .machinery import code_cache, codegen, originals, settle
+from .machinery import code_cache, codegen, import_watch, originals, settle
 from .machinery.changes import Outcome, Row
 from .torch_support.rows import OFF_BY_DEFAULT, OPTIONS
 
@@ -34,9 +34,12 @@ class Installed:
     code_cache: dict[str, Any]
     concurrent: list[Row]
     compile_once: Any  # torch_support.compile_once.CompileOnce, or None
+    facts: Any         # torch_support.facts.TorchFacts
+    later: Any         # torch_support.prepare.Later: the rows waiting for their module
 
 
 _installed: Installed | None = None
+_watcher = import_watch.Watcher("torch", lambda: _apply_waiting())
 
 def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
             eager_backward: bool = True, config_follows_thread: bool = True,
@@ -88,6 +91,7 @@ def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
                 return status()
             _uninstall_locked()
         facts, prepared = _prepare(chosen)  # raises before touching torch
+        mark = len(originals.applied())
         for register in prepared.up_front:  # what torch itself would do lazily, never undone
             register()
         try:
@@ -100,20 +104,113 @@ def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
             if carried:  # records go to torch's thread-locals
                 _wait_for_exiting_threads_at_exit()
         except BaseException:
-            originals.revert_all()
+            originals.revert_all(down_to=mark)
             _core._configure(_core.MODE_OFF)
             raise
         _installed = Installed(facts.layout, chosen, prepared.rows, workers,
-                               dict(code_cache.last), prepared.concurrent, prepared.compile_once)
+                               dict(code_cache.last), prepared.concurrent, prepared.compile_once,
+                               facts, prepared.later)
+        _watch(prepared.later)
         _log_installed(_installed.rows)
+        _catch_up_locked()  # a module imported by another thread while this one planned
         return status()
 
 
-def _prepare(chosen: dict[str, bool]) -> tuple[Any, Any]:
+def _prepare(chosen: dict[str, bool], later: Any = None) -> tuple[Any, Any]:
+    """The plan.  Rows whose torch module is not imported yet wait for it
+    (install on import), except with concurrent_compiles, whose rows are
+    planned together: install() then imports what they change, as before."""
     from .torch_support import facts, prepare
     with code_cache.session():
-        found = facts.detect()
-        return found, prepare.prepare(found, chosen)
+        found = facts.detect() if later is None else _installed.facts
+        if chosen["concurrent_compiles"]:
+            return found, prepare.prepare(found, chosen, later)
+        with import_watch.no_imports("torch"):
+            return found, prepare.prepare(found, chosen, later)
+
+
+def _watch(later: Any) -> None:
+    """Watch imports of torch's modules while rows wait for one."""
+    _watcher.wanted = set(later.waiting)
+    if later.waiting:
+        _watcher.start()
+    else:
+        _watcher.stop()
+
+
+def _apply_waiting() -> None:
+    """A module rows waited for was imported (import_watch.Watcher, from inside
+    the outermost import, before it returns): plan and apply those rows now.
+    If install() or uninstall() holds the lock, it catches up when done (waiting
+    here could deadlock: this thread holds the import's module lock)."""
+    if _lock.acquire(blocking=False):
+        try:
+            _catch_up_locked()
+        finally:
+            _lock.release()
+
+
+def _catch_up_locked() -> None:
+    for _ in range(8):  # each round applies what arrived; a new import may bring more
+        if _installed is None or not _installed.later.waiting:
+            return
+        if not _watcher.settled() and not _imported_meanwhile(_installed.later.waiting):
+            return
+        _apply_waiting_locked()
+
+
+def _imported_meanwhile(modules: Any) -> bool:
+    """One of these was imported (completely) while the watcher did not look."""
+    return any(not getattr(getattr(sys.modules.get(name), "__spec__", None), "_initializing", True)
+               for name in modules)
+
+
+def _apply_waiting_locked() -> None:
+    """Never raises into the import, except an interrupt: a failure stands the
+    rows down (logged) and leaves what was applied before."""
+    global _installed
+    was = _installed
+    mark = len(originals.applied())
+    try:
+        _, prepared = _prepare(was.options, was.later)
+        _core._extend_layout(*prepared.defaults)
+        originals.apply_all(prepared.changes, _settle)
+        for module, name, value in prepared.initial:  # this thread keeps what it had
+            setattr(vars(module)[codegen.TLS], name, value)
+    except BaseException as e:
+        originals.revert_all(_settle, down_to=mark)
+        log.error("fxguard: could not apply the rows waiting for %s (%s: %s); they stand "
+                  "down", ", ".join(sorted(was.later.waiting)), type(e).__name__, e)
+        _installed = _merged(was, None)
+        _watch(_installed.later)
+        if not isinstance(e, Exception):
+            raise
+        return
+    _installed = _merged(was, prepared)
+    _watch(_installed.later)
+    _log_installed([r for r in _installed.rows if r not in was.rows], later=True)
+
+
+def _merged(was: Installed, prepared: Any) -> Installed:
+    """The installed rows with the waiting ones replaced by their new outcome
+    (NOT_COVERED for all of them where applying failed)."""
+    if prepared is None:
+        failed = [r for r in was.rows if r.outcome is Outcome.WAITING]
+        was.later.waiting = {}
+        new = {(r.what, r.where): [replace(r, outcome=Outcome.NOT_COVERED,
+                                           detail=f"applying it on import of {r.detail} failed")]
+               for r in failed}
+    else:
+        new = {}
+        for row in prepared.rows:
+            new.setdefault((row.what, row.where), []).append(row)
+    rows = [n for r in was.rows for n in (new.pop((r.what, r.where), [r])
+                                          if r.outcome is Outcome.WAITING else [r])]
+    rows += [r for more in new.values() for r in more]  # fast-reader rows of new globals
+    concurrent = [next((n for n in rows if (n.what, n.where) == (r.what, r.where)), r)
+                  for r in was.concurrent]
+    once = was.compile_once or (prepared.compile_once if prepared is not None else None)
+    return replace(was, rows=rows, concurrent=concurrent, compile_once=once)
 
 
 def _chosen(who: str = "install", **options: Any) -> dict[str, bool]:
@@ -128,11 +225,14 @@ def _chosen(who: str = "install", **options: Any) -> dict[str, bool]:
     return chosen
 
 
-def _log_installed(rows: list[Row]) -> None:
+def _log_installed(rows: list[Row], later: bool = False) -> None:
     info = status()
     patched = [f"{r.what} {r.where}" for r in rows if r.patched]
-    log.info("fxguard %s installed on torch %s (%s): patched %s", info["fxguard"],
-             info["torch"], info["mode"], "; ".join(patched) or "nothing")
+    if later:
+        log.info("fxguard: a torch module was imported: patched %s", "; ".join(patched) or "nothing")
+    else:
+        log.info("fxguard %s installed on torch %s (%s): patched %s", info["fxguard"],
+                 info["torch"], info["mode"], "; ".join(patched) or "nothing")
     for r in rows:
         if r.outcome is Outcome.NOT_COVERED:
             log.warning("fxguard stood down for %s %s: %s", r.what, r.where, r.reason)
@@ -230,6 +330,7 @@ def _uninstall_locked() -> None:
     if busy and _core._mode() == _core.MODE_PATCHED:
         raise RuntimeError(f"fxguard.uninstall(): {busy} thread(s) are inside an FX trace; "
                            "uninstall after they finish")
+    _watcher.stop()
     originals.revert_all(_settle)
     _core._configure(_core.MODE_OFF)
     _installed = None
@@ -249,8 +350,10 @@ def is_installed() -> bool:
 
 def status() -> dict:
     """This process: torch version, mode, and each row of the plan with its
-    reason (``patched``, ``option off``, ``not needed: ...``, ``not available
-    on this torch``, ``not covered: ...``)."""
+    outcome and reason (``patched``, ``waiting for <module>``, ``option off``,
+    ``not needed: ...``, ``not available on this torch``, ``not covered: ...``);
+    ``waiting``: the torch modules not imported yet whose rows are applied when
+    they are."""
     torch = sys.modules.get("torch")
     info: dict[str, Any] = {
         "fxguard": __version__,
@@ -264,6 +367,7 @@ def status() -> dict:
         "code_cache": None,
         "compile_once": None,
         "concurrent_compiles": None,
+        "waiting": {},  # module -> the rows applied when it is imported (install on import)
         "interpreter": interpreter.report(),
     }
     if _installed is not None:
@@ -271,7 +375,9 @@ def status() -> dict:
                     patch_points=[r.as_dict() for r in _installed.rows],
                     autograd_workers=_installed.workers, code_cache=dict(_installed.code_cache),
                     concurrent_compiles=_concurrent_status(_installed.options,
-                                                           _installed.concurrent))
+                                                           _installed.concurrent),
+                    waiting={module: [r.where for r in rows]
+                             for module, rows in sorted(_installed.later.waiting.items())})
         if _installed.compile_once is not None:  # {"compiles_avoided": n, "waits": n}
             info["compile_once"] = _installed.compile_once.counters()
     return info

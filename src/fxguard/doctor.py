@@ -174,16 +174,16 @@ def report(rows: list[dict], status: dict, seconds: float, gpu: dict | None = No
     return "\n".join(lines)
 
 
-OUTCOMES = ("patched", "option off", "not needed", "not available", "not covered")
+OUTCOMES = ("patched", "waiting", "option off", "not needed", "not available", "not covered")
 
 
 def rows_summary(points: list[dict], verbose: bool) -> list[str]:
     """One line per kind of outcome; rows fxguard stood down on (not covered) always
     in full; with ``verbose``, every row (what, where, reason), each on its lines."""
-    counts = {kind: sum(p["reason"].startswith(kind) for p in points) for kind in OUTCOMES}
+    counts = {kind: sum(p["outcome"] == kind for p in points) for kind in OUTCOMES}
     lines = ["install(): " + ", ".join(f"{n} {kind}" for kind, n in counts.items() if n)
              + ("" if verbose else "  (--verbose: every row)")]
-    shown = points if verbose else [p for p in points if p["reason"].startswith("not covered")]
+    shown = points if verbose else [p for p in points if p["outcome"] == "not covered"]
     for p in shown:
         lines.append(f"  {p['what']}: {p['where']}")
         lines += textwrap.wrap(p["reason"], 96, initial_indent="      ",

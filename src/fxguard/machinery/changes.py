@@ -22,6 +22,7 @@ class Outcome(enum.Enum):
     NOT_NEEDED = "not needed"          # detail: why this torch or Python has no such race
     NOT_AVAILABLE = "not available"    # detail: where ("on this torch", "on this Python ...")
     NOT_COVERED = "not covered"        # detail: why fxguard stood down (logged as a WARNING)
+    WAITING = "waiting"                # detail: the module it is applied on import of
 
 
 @dataclass(frozen=True)
@@ -39,11 +40,13 @@ class Row:
     def reason(self) -> str:
         if self.outcome is Outcome.NOT_AVAILABLE:
             return f"not available {self.detail or 'on this torch'}"
+        if self.outcome is Outcome.WAITING:
+            return f"waiting for {self.detail} (applied when it is imported)"
         return self.outcome.value + (f": {self.detail}" if self.detail else "")
 
     def as_dict(self) -> dict[str, Any]:
         return {"what": self.what, "where": self.where, "reason": self.reason,
-                "patched": self.patched}
+                "outcome": self.outcome.value, "patched": self.patched}
 
 
 class NotCovered(RuntimeError):

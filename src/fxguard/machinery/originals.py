@@ -123,11 +123,13 @@ def _uses(code: types.CodeType, names: set[str]) -> bool:
         _uses(const, names) for const in code.co_consts if isinstance(const, types.CodeType))
 
 
-def revert_all(settle: Callable[[list[types.CodeType]], None] | None = None) -> None:
-    """Undo every patch, newest first; names that fxguard added go last, after
-    ``settle(the codes it had swapped in)``."""
+def revert_all(settle: Callable[[list[types.CodeType]], None] | None = None,
+               down_to: int = 0) -> None:
+    """Undo every patch (the newest ones, down to ``down_to`` left), newest
+    first; names that fxguard added go last, after ``settle(the codes it had
+    swapped in)``."""
     added, retired = [], []
-    while _applied:
+    while len(_applied) > down_to:
         patch = _applied.pop()
         if patch.original is MISSING and patch.value is not MISSING:
             added.append(patch)

@@ -27,6 +27,11 @@ states is served; any other keeps its rewritten code (correct, slower), and
 A row whose global is missing is reported ``not available on this torch``;
 one whose module source has a use that no rewritten function covers is
 refused, since a silent miss would leave a process-wide read behind.
+
+Rows added after ``changes()`` was applied (their module was imported after
+install(), machinery.import_watch) go on in the same Planner: their slots
+follow, and the next ``changes()`` lists only what is new (a module's view
+and a function's code again where they gained names).
 """
 from __future__ import annotations
 
@@ -40,6 +45,7 @@ from typing import Any, Callable, Iterator
 from .. import _core
 from . import codegen, rewrite
 from .changes import Change, NotCovered, Outcome, Row
+from . import originals
 from .originals import MISSING
 
 VIEW = codegen.TLS
@@ -130,14 +136,17 @@ class Planner:
         self.deletes: list[tuple[types.ModuleType, str]] = []
         self.readers: dict[int, tuple[types.FunctionType, tuple[FastReader, Any]]] = {}
         self.reader_rows: list[Row] = []  # one per reader function, as status() shows it
+        self._emitted: dict[Any, Any] = {}  # what changes() listed, to list only what is new
+        self._first_slot = 0                 # the first slot of the next changes()
 
     def add(self, row: PerThread) -> Outcome:
         """Plan one row: PATCHED or NOT_AVAILABLE (its global is absent).
-        Raises NotCovered, and then the plan is as it was before the row."""
+        Raises NotCovered (or what planning it raised, import_watch.ModuleWaiting),
+        and then the plan is as it was before the row."""
         saved = self._state()
         try:
             return self._add(row)
-        except NotCovered:
+        except BaseException:
             (self.slots, self.views, self.targets, self.getattrs, self.deletes) = saved
             raise
 
@@ -221,6 +230,10 @@ class Planner:
             _, count = rewrite.redirect(fn, names, VIEW, attributes)
         except rewrite.RewriteError as e:
             raise NotCovered(str(e)) from None
+        if count and id(fn) not in self.targets and originals.get_original(fn, "__code__") \
+                is not fn.__code__:  # a later row: its code is recompiled from source
+            raise NotCovered(f"{fn.__qualname__} was changed by a row applied before its "
+                             "module's; it stays process-wide")
         if count:
             _, all_names, all_attributes = self.targets.setdefault(id(fn), (fn, set(), {}))
             all_names |= set(names)
@@ -242,29 +255,54 @@ class Planner:
         return code
 
     def initial(self) -> list[tuple[types.ModuleType, str, Any]]:
-        """(module, name, value now): what the installing thread starts with."""
-        return [(owner, name, vars(owner)[name]) for owner, name in self.deletes]
+        """(module, name, value now) of the rows the next changes() lists: what
+        the installing (or importing) thread starts with."""
+        return [(owner, name, vars(owner)[name])
+                for owner, name in self.deletes[self._emitted.get("deletes", 0):]]
 
     def defaults(self) -> tuple[tuple, tuple]:
-        rows = [r for r in self.slots if not r.flag]
+        """The defaults and factories of the slots the next changes() adds."""
+        rows = [r for r in self.slots if not r.flag][self._first_slot:]
         return (tuple(r.default for r in rows), tuple(r.factory for r in rows))
 
     def changes(self, label: str) -> list[Change]:
+        """What is new since the last call, in apply order."""
+        done = self._emitted
         out = []
         for module, names in self.views.items():
-            out.append(Change(label, importlib.import_module(module), VIEW, _core.SlotView(names)))
+            if done.get(("view", module)) != names:
+                out.append(Change(label, importlib.import_module(module), VIEW,
+                                  _core.SlotView(names)))
+        readers = [(key, fn, reader) for key, (fn, (_, reader)) in self.readers.items()
+                   if ("reader", key) not in done]
         if not _core.VECTORCALL_READERS:  # the code route: the reader is the function's namespace
             out += [Change(label, sys.modules[fn.__module__], codegen.namespace_name(fn), reader.read)
-                    for fn, (_, reader) in self.readers.values()]
-        out += [Change(label, fn, "__code__", self.code_for(fn)) for fn, _, _ in self.targets.values()]
+                    for _, fn, reader in readers]
+        out += [Change(label, fn, "__code__", self.code_for(fn))
+                for key, (fn, names, attributes) in self.targets.items()
+                if done.get(("code", key)) != (names, attributes, key in self.readers)]
         if _core.VECTORCALL_READERS:
-            out += [Change(label, reader, "function", fn) for fn, (_, reader) in self.readers.values()]
+            out += [Change(label, reader, "function", fn) for _, fn, reader in readers]
         for module, names in self.getattrs.items():
-            owner = importlib.import_module(module)
-            out.append(Change(label, owner, "__getattr__",
-                              _module_getattr(owner, names, vars(owner).get("__getattr__"))))
-        out += [Change(label, owner, name, MISSING) for owner, name in self.deletes]
+            if done.get(("getattr", module)) != names:
+                owner = importlib.import_module(module)
+                out.append(Change(label, owner, "__getattr__",
+                                  _module_getattr(owner, names, vars(owner).get("__getattr__"))))
+        out += [Change(label, owner, name, MISSING)
+                for owner, name in self.deletes[done.get("deletes", 0):]]
         return out
+
+    def emitted(self) -> None:
+        """What changes(), defaults() and initial() listed is applied: the next
+        calls list only what rows added after it need."""
+        done = self._emitted
+        done.update({("view", m): dict(n) for m, n in self.views.items()})
+        done.update({("code", k): (set(n), dict(a), k in self.readers)
+                     for k, (_, n, a) in self.targets.items()})
+        done.update({("reader", k): True for k in self.readers})
+        done.update({("getattr", m): dict(n) for m, n in self.getattrs.items()})
+        done["deletes"] = len(self.deletes)
+        self._first_slot = len([r for r in self.slots if not r.flag])
 
 
 def _find_function(path: str) -> types.FunctionType | None:

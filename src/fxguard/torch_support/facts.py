@@ -76,10 +76,17 @@ def detect_layout(module: types.ModuleType) -> str:
 
 def config_is_per_thread() -> bool:
     """torch <= 2.11 keeps config values in plain attributes shared by every
-    thread; from 2.12 each override is a ContextVar, so each thread has its own."""
-    import torch._dynamo.config as dynamo_config
+    thread; from 2.12 each override is a ContextVar, so each thread has its own.
+    Read from a config module ``import torch`` loads (every one is made by
+    the same torch.utils._config_module), so that install() imports no compiler."""
+    import importlib
+    loaded = [sys.modules.get(name) for name in ("torch.fx.experimental._config",
+                                                 "torch.compiler.config")]
+    module = next((m for m in loaded if isinstance(getattr(m, "_config", None), dict)), None)
+    if module is None:
+        module = importlib.import_module("torch._dynamo.config")
     return any(isinstance(getattr(entry, "user_override", None), contextvars.ContextVar)
-               for entry in dynamo_config._config.values())
+               for entry in module._config.values())
 
 
 def python_inherits_context() -> bool:

@@ -10,10 +10,11 @@ import contextvars
 import importlib
 import threading
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..machinery import (codegen, compile_gate, exact_counters, once, originals, overlay, per_thread_attrs,
+from ..machinery import (codegen, compile_gate, exact_counters, import_watch, once, originals,
+                         overlay, per_thread_attrs,
                          per_thread_patching, shared_lock, shared_window, writers)
 from ..machinery.changes import Change, NotCovered, Outcome, Row
 from ..machinery.per_thread_globals import Planner
@@ -26,47 +27,112 @@ from .facts import MODULE_GLOBAL, TorchFacts, UnsupportedTorchError
 class Prepared:
     changes: list[Change]
     rows: list[Row]
-    defaults: tuple[tuple, tuple]         # slot defaults and factories for _core._configure
+    defaults: tuple[tuple, tuple]         # the new slots' defaults and factories (_core)
     initial: list[tuple[Any, str, Any]]   # (module, name, value): the installing thread's values
     carry_context: bool                   # records note their thread's Context
     concurrent: list[Row]                 # the rows of option concurrent_compiles (also in rows)
     compile_once: compile_once.CompileOnce | None  # its counters, where the row is patched
     up_front: list[Callable[[], None]]    # one-time registrations, made before any change
+    later: Later                          # what a later prepare() for waiting rows goes on from
 
 
-def prepare(facts: TorchFacts, options: dict[str, bool]) -> Prepared:
+@dataclass
+class Later:
+    """Rows that wait for their module (import_watch), and what planning them
+    later goes on from: the per-thread planner, the rows already decided."""
+    planner: Planner = field(default_factory=Planner)
+    decided: set[tuple[str, str]] = field(default_factory=set)
+    waiting: dict[str, list[Row]] = field(default_factory=dict)  # module -> its rows
+
+
+def prepare(facts: TorchFacts, options: dict[str, bool], later: Later | None = None) -> Prepared:
     """Everything install() will change, computed without changing anything.
     UnsupportedTorchError where the FX flag's own row cannot be followed, or
-    for concurrent_compiles where it was not stress-tested."""
+    for concurrent_compiles where it was not stress-tested.
+
+    Planned inside import_watch.no_imports, a row that would import a module
+    waits for it (Outcome.WAITING); ``later`` (the last Prepared's) plans those
+    again once modules arrived, going on from the rows applied before."""
     if options[rows.CONCURRENT] and (refusal := facts_module.concurrent_compiles_refusal()):
         raise UnsupportedTorchError(refusal)
-    planner, plan_rows = Planner(), []
-    guard_row, register = device_guard.plan()
+    first = later is None
+    later = later or Later()
+    planner, plan = later.planner, _Sites(later.decided)
+    readers_before = len(planner.reader_rows)
+    guard_row, register = plan.one(device_guard.WHAT, device_guard.WHERE,
+                                   device_guard.plan) if first else ([], None)
     writes = _writes(rows.PER_THREAD + (rows.CONCURRENT_PER_THREAD if options[rows.CONCURRENT] else ()))
+    plan_rows = []
     for row in rows.PER_THREAD:
-        plan_rows.append(_per_thread(planner, row, facts, writes))
-    concurrent = [_concurrent_per_thread(planner, row, options, writes)
-                  for row in rows.CONCURRENT_PER_THREAD]
-    plan_rows += planner.reader_rows
+        plan_rows += plan.rows(_per_thread_what(row), row.where,
+                               lambda row=row: _per_thread(planner, row, facts, writes))
+    concurrent = []
+    for row in rows.CONCURRENT_PER_THREAD:
+        concurrent += plan.rows("per-thread global", row.where,
+                                lambda row=row: _concurrent_per_thread(planner, row, options, writes))
+    plan_rows += planner.reader_rows[readers_before:]
     changes = planner.changes("per-thread")
-    plan_rows += [_patching(spec, changes) for spec in rows.PATCHING]
+    for spec in rows.PATCHING:
+        plan_rows += plan.rows("per-thread patching", spec.where, lambda spec=spec: _patching(spec, changes))
     for state in rows.CLASS_STATE:
-        more, outcome = per_thread_patching.plan_class_state(state)
-        changes += more
-        plan_rows.append(Row("per-thread class state", state.where, outcome))
+        plan_rows += plan.rows("per-thread class state", state.where,
+                               lambda state=state: _class_state(state, changes))
     carry_context = False
     for wrap in rows.WRAPPED:
-        row = _wrap(wrap, facts, options, planner, changes)
-        carry_context |= row.patched and wrap.carries_context
-        plan_rows.append(row)
-    plan_rows += [_config_default(cfg, options, changes) for cfg in rows.CONFIG_DEFAULTS]
-    plan_rows += [_wrap(wrap, facts, options, planner, changes) for wrap in rows.THREADS]
-    row, shared = _compile_once(options, changes)
-    plan_rows.append(row)
-    concurrent += _concurrent(options, planner, changes, facts, once_per_code=shared is not None)
-    plan_rows.append(guard_row)
-    return Prepared(changes, plan_rows + concurrent, planner.defaults(), planner.initial(),
-                    carry_context, concurrent, shared, [register] if register else [])
+        made = plan.rows(wrap.what, wrap.where, lambda wrap=wrap: _wrap(wrap, facts, options, planner, changes))
+        carry_context |= any(r.patched for r in made) and wrap.carries_context
+        plan_rows += made
+    for cfg in rows.CONFIG_DEFAULTS:
+        plan_rows += plan.rows(cfg.what, cfg.where, lambda cfg=cfg: _config_default(cfg, options, changes))
+    for wrap in rows.THREADS:
+        plan_rows += plan.rows(wrap.what, wrap.where,
+                               lambda wrap=wrap: _wrap(wrap, facts, options, planner, changes))
+    what, where, _ = rows.COMPILE_ONCE
+    shared = []
+    plan_rows += plan.rows(what, where, lambda: _compile_once(options, changes, shared))
+    if first:  # with the option on, install() plans every row at once (nothing waits)
+        concurrent += _concurrent(options, planner, changes, facts, once_per_code=bool(shared))
+    plan_rows += guard_row
+    defaults, initial = planner.defaults(), planner.initial()
+    planner.emitted()
+    later.waiting = {}
+    for row in plan_rows + concurrent:
+        if row.outcome is Outcome.WAITING:
+            later.waiting.setdefault(row.detail, []).append(row)
+        else:
+            later.decided.add((row.what, row.where))
+    return Prepared(changes, plan_rows + concurrent, defaults, initial, carry_context, concurrent,
+                    shared[0] if shared else None, [register] if register else [], later)
+
+
+class _Sites:
+    """Each row planned once: a row decided before is skipped; one whose
+    planning would import a module waits for it, having changed nothing."""
+
+    def __init__(self, decided: set[tuple[str, str]]) -> None:
+        self.decided = decided
+
+    def rows(self, what: str, where: str, plan: Callable[[], Row | list[Row]]) -> list[Row]:
+        if (what, where) in self.decided:
+            return []
+        try:
+            out = plan()
+        except import_watch.ModuleWaiting as e:
+            return [Row(what, where, Outcome.WAITING, e.module)]
+        return out if isinstance(out, list) else [out]
+
+    def one(self, what: str, where: str, plan: Callable[[], tuple[Row, Any]]) -> tuple[list[Row], Any]:
+        if (what, where) in self.decided:
+            return [], None
+        try:
+            row, extra = plan()
+        except import_watch.ModuleWaiting as e:
+            return [Row(what, where, Outcome.WAITING, e.module)], None
+        return [row], extra
+
+
+def _per_thread_what(row: Any) -> str:
+    return "FX-tracing flag" if row.flag else "per-thread global"
 
 
 def _writes(per_thread: tuple) -> dict[str, tuple]:
@@ -90,7 +156,7 @@ def _check_writers(row: Any, writes: dict[str, tuple]) -> None:
 
 
 def _per_thread(planner: Planner, row: Any, facts: TorchFacts, writes: dict[str, tuple]) -> Row:
-    what = "FX-tracing flag" if row.flag else "per-thread global"
+    what = _per_thread_what(row)
     if row.flag and facts.layout != MODULE_GLOBAL:
         return Row(what, row.where, Outcome.NOT_NEEDED, "torch keeps it per thread")
     try:
@@ -100,6 +166,12 @@ def _per_thread(planner: Planner, row: Any, facts: TorchFacts, writes: dict[str,
         if row.flag:
             raise UnsupportedTorchError(str(e)) from None
         return Row(what, row.where, Outcome.NOT_COVERED, str(e))
+
+
+def _class_state(state: Any, changes: list) -> Row:
+    more, outcome = per_thread_patching.plan_class_state(state)
+    changes += more
+    return Row("per-thread class state", state.where, outcome)
 
 
 def _patching(spec: Any, changes: list) -> Row:
@@ -184,18 +256,20 @@ def _config_default(cfg: rows.ConfigDefault, options: dict, changes: list) -> Ro
     return Row(cfg.what, cfg.where, Outcome.PATCHED)
 
 
-def _compile_once(options: dict, changes: list) -> tuple[Row, compile_once.CompileOnce | None]:
+def _compile_once(options: dict, changes: list, shared: list) -> Row:
+    """The row; its CompileOnce (counters) goes to ``shared`` where patched."""
     what, where, option = rows.COMPILE_ONCE
     if not options[option]:
-        return Row(what, where, Outcome.OPTION_OFF), None
+        return Row(what, where, Outcome.OPTION_OFF)
     state = compile_once.CompileOnce()
     try:
         changes += compile_once.changes(state)
     except compile_once.ContractChanged as e:  # a release fxguard has not seen: stock there
-        return Row(what, where, Outcome.NOT_COVERED, f"{e}; dynamo's callback runs as stock"), None
+        return Row(what, where, Outcome.NOT_COVERED, f"{e}; dynamo's callback runs as stock")
     except compile_once.NotAvailable as e:
-        return Row(what, where, Outcome.NOT_AVAILABLE, f"{e.where} ({e})"), None
-    return Row(what, where, Outcome.PATCHED), state
+        return Row(what, where, Outcome.NOT_AVAILABLE, f"{e.where} ({e})")
+    shared.append(state)
+    return Row(what, where, Outcome.PATCHED)
 
 
 # -- option concurrent_compiles --------------------------------------------------

@@ -183,6 +183,8 @@ HEADLINES = {
          if "user" in r["median_ratio_to_import_torch"] else "—"),
         ("uninstall + install: warm / no cache", lambda r: f"{ratio(r['median_reinstall_ratio']['warm'])} / "
                                                              f"{ratio(r['median_reinstall_ratio']['off'])}"),
+        ("FXGUARD=1 import torch ÷ import torch", lambda r: ratio(r.get("env_import_torch_ratio"))),
+        ("compiler imports after install() ÷ stock", lambda r: ratio(r.get("later_imports_ratio"))),
         ("runs", lambda r: text(r.get("runs_per_setup")))],
     "llama_threads": [
         ("device, s", lambda r: f"{r['args']['device']}, {r['args']['seconds']:.0f}"),

@@ -7,7 +7,8 @@ What a change is, and applying it:
 - ``codegen``: new code for a function that keeps its identity (the one code swap);
 - ``rewrite``: a function recompiled from its own source with chosen globals redirected;
 - ``code_cache``: rewrite's (and writers') results kept on disk, like .pyc files;
-- ``writers``: who in a package assigns a module global as an attribute.
+- ``writers``: who in a package assigns a module global as an attribute;
+- ``import_watch``: rows planned without importing, applied when their module is imported.
 
 Kinds of per-thread state:
 - ``per_thread_globals``: module globals served per thread from the C core's records;

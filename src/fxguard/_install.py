@@ -9,13 +9,13 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from . import _core, interpreter
 from .machinery import code_cache, codegen, import_watch, originals, settle
 from .machinery.changes import Outcome, Row
-from .torch_support.rows import OFF_BY_DEFAULT, OPTIONS
+from .torch_support.rows import OPTIONS, Options
 
 __version__ = "0.1.0"
 
@@ -28,7 +28,7 @@ _lock = threading.Lock()      # install/uninstall are rare: a plain lock suffice
 @dataclass(frozen=True)
 class Installed:
     layout: str
-    options: dict[str, bool]
+    options: Options
     rows: list[Row]
     workers: str
     code_cache: dict[str, Any]
@@ -116,14 +116,14 @@ def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
         return status()
 
 
-def _prepare(chosen: dict[str, bool], later: Any = None) -> tuple[Any, Any]:
+def _prepare(chosen: Options, later: Any = None) -> tuple[Any, Any]:
     """The plan.  Rows whose torch module is not imported yet wait for it
     (install on import), except with concurrent_compiles, whose rows are
     planned together: install() then imports what they change, as before."""
     from .torch_support import facts, prepare
     with code_cache.session():
         found = facts.detect() if later is None else _installed.facts
-        if chosen["concurrent_compiles"]:
+        if chosen.concurrent_compiles:
             return found, prepare.prepare(found, chosen, later)
         with import_watch.no_imports("torch"):
             return found, prepare.prepare(found, chosen, later)
@@ -213,13 +213,14 @@ def _merged(was: Installed, prepared: Any) -> Installed:
     return replace(was, rows=rows, concurrent=concurrent, compile_once=once)
 
 
-def _chosen(who: str = "install", **options: Any) -> dict[str, bool]:
+def _chosen(who: str = "install", **options: Any) -> Options:
     """Every option, checked: unknown names and non-bools are TypeErrors."""
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
         raise TypeError(f"{who}() got an unexpected keyword argument {unknown[0]!r}")
-    chosen = {name: options.get(name, name not in OFF_BY_DEFAULT) for name in OPTIONS}
-    for name, value in chosen.items():
+    chosen = Options(**options)
+    for name in OPTIONS:
+        value = chosen[name]
         if type(value) is not bool:  # 1, 0.0, "no", numpy.bool_: say so, do not guess
             raise TypeError(f"{who}(): {name} must be True or False, not {value!r}")
     return chosen
@@ -304,7 +305,7 @@ def preview(**options: bool) -> dict:
             return {**status(), "preview": False}
         facts, prepared = _prepare(chosen)
     mode, hooks = _core_hooks(facts.layout)
-    return {**status(), "mode": _MODES[mode], "layout": facts.layout, "options": chosen,
+    return {**status(), "mode": _MODES[mode], "layout": facts.layout, "options": asdict(chosen),
             "patch_points": [r.as_dict() for r in prepared.rows],
             "autograd_workers": _workers(mode, hooks)[1],
             "concurrent_compiles": _concurrent_status(chosen, prepared.concurrent),
@@ -371,7 +372,7 @@ def status() -> dict:
         "interpreter": interpreter.report(),
     }
     if _installed is not None:
-        info.update(layout=_installed.layout, options=dict(_installed.options),
+        info.update(layout=_installed.layout, options=asdict(_installed.options),
                     patch_points=[r.as_dict() for r in _installed.rows],
                     autograd_workers=_installed.workers, code_cache=dict(_installed.code_cache),
                     concurrent_compiles=_concurrent_status(_installed.options,
@@ -383,11 +384,11 @@ def status() -> dict:
     return info
 
 
-def _concurrent_status(options: dict[str, bool], rows: list[Row]) -> dict[str, Any]:
+def _concurrent_status(options: Options, rows: list[Row]) -> dict[str, Any]:
     """Option concurrent_compiles: on or off, whether its stress suite was run on
     this torch, and which of its rows apply here."""
     from .torch_support import facts
-    on = options["concurrent_compiles"]
+    on = options.concurrent_compiles
     return {"enabled": on, "stress_tested": facts.concurrent_compiles_stress_tested(),
             "tested": facts.concurrent_compiles_tested(),
             "applies": [r.where for r in rows if r.patched] if on else [],

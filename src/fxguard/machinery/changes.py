@@ -1,9 +1,10 @@
-"""What a change is, and what install() says about each row of its plan."""
+"""What a change is, what every kind of row offers prepare(), and what install()
+says about each row of its plan."""
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, NamedTuple
 
 
 class Change(NamedTuple):
@@ -51,6 +52,56 @@ class Row:
 
 class NotCovered(RuntimeError):
     """A row's state is used where fxguard cannot follow it: the row stands down."""
+
+
+@dataclass(frozen=True)
+class Planned:
+    """What planning one row gives: its changes (applied in order) and outcome."""
+    changes: tuple[Change, ...] | list[Change] = ()
+    outcome: Outcome = Outcome.PATCHED
+    detail: str = ""
+    rows: tuple[Row, ...] = ()   # a group of entries: one status row each, instead of the row's own
+    also: tuple[Row, ...] = ()   # rows shown after the row's own (a global's fast readers)
+
+
+@dataclass
+class Context:
+    """What rows are planned with, and what they hand on to install()."""
+    facts: Any                                  # what the library and Python are
+    options: Mapping[str, bool]                 # install()'s options, by name
+    planner: Any                                # per_thread_globals.Planner
+    writes: Mapping[str, tuple] = field(default_factory=dict)  # writers of per-thread names
+    up_front: list[Callable[[], None]] = field(default_factory=list)  # before any change
+    carry_context: bool = False                 # records note their thread's Context
+    compile_once: Any = None                    # the compile-once row's state, where patched
+
+    def code_for(self, fn: Any) -> Any:
+        """fn's code as the per-thread globals leave it (what a wrapper runs as inner)."""
+        return self.planner.code_for(fn)
+
+
+class RowKind:
+    """What prepare() asks of every kind of row: ``what`` and ``where`` (shown
+    in status()), ``option`` (None: always on), ``needed(facts)`` (None, or
+    (outcome, detail): why this library needs no change), ``required`` (not
+    covered means the library is unsupported), ``carries_context``,
+    ``plan(ctx) -> Planned`` (NotCovered: the row stands down), and
+    ``report(outcome, detail)``: its status rows.  A kind is a frozen dataclass
+    inheriting this; its fields may override the defaults below (``what`` and
+    ``where`` it must give: a dataclass would take a default here for theirs)."""
+    option: str | None = None
+    required = False
+    carries_context = False
+
+    @staticmethod
+    def needed(facts: Any) -> tuple[Outcome, str] | None:
+        return None
+
+    def plan(self, ctx: Context) -> Planned:
+        raise NotImplementedError
+
+    def report(self, outcome: Outcome, detail: str = "") -> list[Row]:
+        return [Row(self.what, self.where, outcome, detail)]
 
 
 def not_available(what: str, where: str, detail: str = "") -> Row:

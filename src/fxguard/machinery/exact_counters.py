@@ -21,9 +21,10 @@ from __future__ import annotations
 import collections
 import functools
 import operator
+from dataclasses import dataclass
 
 from . import originals
-from .changes import Change, Outcome
+from .changes import Change, Context, Outcome, Planned, RowKind
 
 
 class ExactCounter(collections.Counter):
@@ -34,6 +35,18 @@ class ExactCounter(collections.Counter):
     __init__ = dict.__init__
     # operator.countOf((), key) == 0, in C; staticmethod: not bound to the counter
     __missing__ = staticmethod(functools.partial(operator.countOf, ()))
+
+
+@dataclass(frozen=True)
+class ExactCounters(RowKind):
+    """A defaultdict(Counter) whose ``+= 1`` steps stay exact under threads."""
+    where: str
+    option: str | None = None
+    what = "exact counters"
+
+    def plan(self, ctx: Context) -> Planned:
+        changes, outcome, detail = plan(self.what, self.where)
+        return Planned(changes, outcome, detail)
 
 
 def plan(label: str, where: str) -> tuple[list[Change], Outcome, str]:

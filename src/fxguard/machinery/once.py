@@ -24,13 +24,34 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import codegen, originals
-from .changes import Change, Outcome
+from .changes import Change, Context, Outcome, Planned, Row, RowKind
 
 
 @dataclass(frozen=True)
 class Once:
     where: str         # 'pkg.mod.name'
     memo: bool = True  # True: a functools.cache'd function; False: a self-guarding plain one
+    guards: tuple[str, ...] = ()  # 'pkg.mod.name' of the state it fills (for surveys)
+
+
+@dataclass(frozen=True)
+class Onces(RowKind):
+    """One-time set-up functions, planned together (one lock); a status row each."""
+    entries: tuple[Once, ...]
+    option: str | None = None
+    what = "once-lock"
+
+    @property
+    def where(self) -> str:
+        return self.entries[0].where
+
+    def plan(self, ctx: Context) -> Planned:
+        changes, outcomes = plan(self.what, self.entries, ctx.code_for)
+        return Planned(changes, rows=tuple(Row(self.what, r.where, outcome, detail)
+                                           for r, outcome, detail in outcomes))
+
+    def report(self, outcome: Outcome, detail: str = "") -> list[Row]:
+        return [Row(self.what, r.where, outcome, detail) for r in self.entries]
 
 
 class OnceLock:

@@ -35,16 +35,18 @@ and a function's code again where they gained names).
 """
 from __future__ import annotations
 
+import contextvars
 import importlib
 import inspect
 import sys
+import threading
 import types
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from .. import _core
-from . import codegen, rewrite
-from .changes import Change, NotCovered, Outcome, Row
+from . import codegen, rewrite, writers
+from .changes import Change, Context, NotCovered, Outcome, Planned, Row, RowKind
 from . import originals
 from .originals import MISSING
 
@@ -73,8 +75,8 @@ class FastReader:
 
 
 @dataclass(frozen=True)
-class PerThread:
-    """One module global that becomes per-thread."""
+class PerThread(RowKind):
+    """One module global that becomes per-thread (a row kind)."""
     module: str
     name: str
     default: Any = None                  # each thread's initial value (immutable)
@@ -84,10 +86,38 @@ class PerThread:
     aliases: tuple[str, ...] = ()        # modules whose functions read a ``from module import name``
     flag: bool = False                   # kept in the record's C flag (the FX-tracing flag)
     readers: tuple[FastReader, ...] = ()  # functions of the module answered in C (see above)
+    option: str | None = None
+    needed: Callable[[Any], tuple[Outcome, str] | None] = RowKind.needed
 
     @property
     def where(self) -> str:
         return f"{self.module}.{self.name}"
+
+    @property
+    def what(self) -> str:
+        return "FX-tracing flag" if self.flag else "per-thread global"
+
+    @property
+    def required(self) -> bool:  # type: ignore[override]
+        """The FX flag: a library whose flag fxguard cannot follow is unsupported."""
+        return self.flag
+
+    def plan(self, ctx: Context) -> Planned:
+        """Added to ctx.planner (its changes come from Planner.changes, first of all)."""
+        if isinstance(vars(importlib.import_module(self.module)).get(self.name),
+                      (contextvars.ContextVar, threading.local)):
+            return Planned(outcome=Outcome.NOT_NEEDED,
+                           detail="kept per thread already (a ContextVar or threading.local)")
+        # A write in a function fxguard does not rewrite (a release it has not
+        # seen) would set a module attribute nobody reads.
+        listed = {w.rsplit(".", 1)[1] for w in self.writers + self.or_writers}
+        missed = writers.unlisted(ctx.writes.get(self.name, ()), listed)
+        if missed:
+            raise NotCovered(f"{self.where} is assigned where fxguard does not rewrite it: "
+                             f"{', '.join(missed[:3])}; it stays process-wide")
+        before = len(ctx.planner.reader_rows)
+        outcome = ctx.planner.add(self)  # the planner is as it was if this raises
+        return Planned(outcome=outcome, also=tuple(ctx.planner.reader_rows[before:]))
 
 
 READER_KINDS = {"value": _core.READ_VALUE, "symbolic": _core.READ_SYMBOLIC}

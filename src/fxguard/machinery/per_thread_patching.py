@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 
 from .. import _core
 from . import codegen, originals, rewrite
-from .changes import Change, NotCovered, Outcome
+from .changes import Change, Context, NotCovered, Outcome, Planned, RowKind
 from .originals import MISSING
 from .per_thread_globals import functions_in
 
@@ -43,7 +43,7 @@ LABEL = "per-thread patching"
 
 
 @dataclass(frozen=True)
-class Patching:
+class Patching(RowKind):
     """The functions of one module that patch containers for the whole process."""
     module: str
     functions: tuple[str, ...]     # qualnames; their container operations go through the view
@@ -51,10 +51,15 @@ class Patching:
     up_front: tuple[str, ...] = ()  # 'pkg.mod.Class.attr': dispatched from install() on
     # 'pkg.mod.Class.attr' -> module globals ('pkg.mod.name') that hold it to call the original
     keep_identity: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    what = LABEL
 
     @property
     def where(self) -> str:
         return f"{self.module}.{self.functions[0].split('.')[0]}"
+
+    def plan(self, ctx: Context) -> Planned:
+        changes, outcome = plan(self)
+        return Planned(changes, outcome)
 
 
 class Entry(NamedTuple):
@@ -239,11 +244,16 @@ def _callee(container: object, name: str, original: Any) -> Any:
 # -- class attributes that are mutable state ------------------------------------
 
 @dataclass(frozen=True)
-class ClassState:
+class ClassState(RowKind):
     """A mutable class attribute every instance updates in place (a counter
     dict): each thread gets its own, made by ``factory``."""
     where: str                  # 'pkg.mod.Class.attr'
     factory: Any                # () -> a fresh value
+    what = "per-thread class state"
+
+    def plan(self, ctx: Context) -> Planned:
+        changes, outcome = plan_class_state(self)
+        return Planned(changes, outcome)
 
 
 def plan_class_state(row: ClassState) -> tuple[list[Change], Outcome]:

@@ -21,15 +21,25 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import originals, rewrite
-from .changes import Change, NotCovered, Outcome
+from .changes import Change, Context, NotCovered, Outcome, Planned, RowKind
 
 VIEW = "__fxguard_windows__"  # what the rewritten functions call through, in their module
 
 
 @dataclass(frozen=True)
-class SharedWindow:
+class SharedWindow(RowKind):
     target: str                  # 'pkg.mod.context_manager', as the call sites spell it
     used_in: tuple[str, ...]     # 'pkg.mod.function' calling it (closures made there included)
+    option: str | None = None
+    what = "shared window"
+
+    @property
+    def where(self) -> str:
+        return self.target
+
+    def plan(self, ctx: Context) -> Planned:
+        changes, outcome, detail = plan(self.what, self, ctx.code_for)
+        return Planned(changes, outcome, detail)
 
     @property
     def name(self) -> str:

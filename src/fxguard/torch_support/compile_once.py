@@ -48,7 +48,7 @@ import threading
 import types
 from typing import Any, Callable
 
-from ..machinery.changes import Change
+from ..machinery.changes import Change, Context, Outcome, Planned, RowKind
 from ..machinery.compile_gate import CompileGate
 
 LABEL = "compile once"
@@ -107,6 +107,25 @@ class _Torch:
     unwrap: Callable[[Any], Any]         # callback result -> GuardedCode | None
     all_entries: Callable[[types.CodeType], list]
     standin_cls: type
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileOnceRow(RowKind):
+    """The row: its state (counters) goes to ctx.compile_once where patched."""
+    where: str
+    option: str | None = None
+    what = LABEL
+
+    def plan(self, ctx: Context) -> Planned:
+        state = CompileOnce()
+        try:
+            made = changes(state)
+        except ContractChanged as e:  # a release fxguard has not seen: stock there
+            return Planned(outcome=Outcome.NOT_COVERED, detail=f"{e}; dynamo's callback runs as stock")
+        except NotAvailable as e:
+            return Planned(outcome=Outcome.NOT_AVAILABLE, detail=f"{e.where} ({e})")
+        ctx.compile_once = state
+        return Planned(made)
 
 
 def changes(state: CompileOnce) -> list[Change]:

@@ -17,15 +17,29 @@ never ends makes the registration.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Callable
 
-from ..machinery.changes import Outcome, Row
+from ..machinery.changes import Context, Outcome, Planned, Row, RowKind
 
 WHAT = "CUDA device guard up front"
 # 2.10 brought the lazy registration with a thread_local guard; 2.12 made it a
 # static (pytorch#178950).  Seen crashing: 2.10.0, 2.11.0; not: 2.12.0-2.15.0.
 FIXED_IN = (2, 12)
 WHERE = "torch._C._ensureCUDADeviceGuardSet"
+
+
+@dataclass(frozen=True)
+class DeviceGuardUpFront(RowKind):
+    """The row: no change to torch, a registration install() makes up front."""
+    what = WHAT
+    where = WHERE
+
+    def plan(self, ctx: Context) -> Planned:
+        row, register = plan()
+        if register is not None:
+            ctx.up_front.append(register)
+        return Planned(outcome=row.outcome, detail=row.detail)
 
 
 def plan() -> tuple[Row, Callable[[], None] | None]:

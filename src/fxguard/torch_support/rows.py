@@ -14,12 +14,15 @@
   dynamo's compile_lock no longer held across a whole compile, one compile's
   state per thread, one-time set-up once, ids and counters exact.
 
-``prepare.py`` turns the rows that apply to the installed torch (facts.py)
-into changes, without changing anything.
+``ROWS`` (at the end) is every row in the order they are planned and shown;
+each is a machinery.changes.RowKind (its option, why a torch may not need it,
+how it is planned).  ``prepare.py`` turns the rows that apply to the installed
+torch (facts.py) into changes, without changing anything.
 """
 from __future__ import annotations
 
 import collections
+import dataclasses
 import importlib
 import threading
 from dataclasses import dataclass
@@ -28,17 +31,41 @@ from typing import Any, Callable
 from .. import _core
 from ..machinery import overlay
 from ..machinery.changes import Outcome
-from ..machinery.once import Once
-from ..machinery.per_thread_attrs import ClassAttr, InstanceAttr
+from ..machinery.config_default import ConfigDefault
+from ..machinery.exact_counters import ExactCounters
+from ..machinery.once import Once, Onces
+from ..machinery.per_thread_attrs import ClassAttr, ClassAttrs, InstanceAttr
 from ..machinery.per_thread_globals import FastReader, PerThread
-from ..machinery.shared_window import SharedWindow
 from ..machinery.per_thread_patching import ClassState, Patching
+from ..machinery.shared_window import SharedWindow
+from ..machinery.wrapped import Swap, Wrapped
 from . import rng as _rng
-from .facts import FLAG, FLAG_MODULE, TorchFacts
+from .compile_lock import SharedLockRow
+from .compile_once import CompileOnceRow
+from .device_guard import DeviceGuardUpFront
+from .facts import FLAG, FLAG_MODULE, MODULE_GLOBAL, TorchFacts
 
-OPTIONS = ("block_mask_lock", "config_window_lock", "eager_backward", "config_follows_thread",
-           "compile_once", "concurrent_compiles", "rng_not_rewound")
-OFF_BY_DEFAULT = ("concurrent_compiles",)  # every other option is on unless turned off
+@dataclass(frozen=True)
+class Options:
+    """install()'s options (each documented there); a row names the one it follows."""
+    block_mask_lock: bool = True
+    config_window_lock: bool = True
+    eager_backward: bool = True
+    config_follows_thread: bool = True
+    compile_once: bool = True
+    concurrent_compiles: bool = False
+    rng_not_rewound: bool = True
+
+    def __getitem__(self, name: str) -> bool:
+        return getattr(self, name)
+
+
+OPTIONS = tuple(f.name for f in dataclasses.fields(Options))
+OFF_BY_DEFAULT = tuple(f.name for f in dataclasses.fields(Options) if not f.default)
+
+
+def _flag_needed(facts: TorchFacts) -> tuple[Outcome, str] | None:
+    return None if facts.layout == MODULE_GLOBAL else (Outcome.NOT_NEEDED, "torch keeps it per thread")
 
 
 # -- per-thread globals ----------------------------------------------------------
@@ -50,7 +77,7 @@ OLD_COMPILING_STATE = ("torch.export._trace._export_to_aten_ir",
 
 PER_THREAD: tuple[PerThread, ...] = (
     # The FX-tracing flag: compile_wrapper raises when it reads True.
-    PerThread(FLAG_MODULE, FLAG, False, flag=True,
+    PerThread(FLAG_MODULE, FLAG, False, flag=True, needed=_flag_needed,
               writers=("torch._higher_order_ops.utils._set_compilation_env",),
               # compile_wrapper calls one of the first two on every compiled call.
               readers=(FastReader("is_fx_symbolic_tracing", "symbolic",
@@ -161,33 +188,6 @@ CLASS_STATE: tuple[ClassState, ...] = (
 
 
 # -- functions wrapped in a body, identity kept ------------------------------------
-
-@dataclass(frozen=True)
-class Swap:
-    """One function (``where``; a contextmanager's generator function is taken)
-    whose code runs ``body``: ``{ns}.inner({call})`` is the original (as the
-    other rows leave it), ``{ns}.<name>`` the helpers, each made by its factory."""
-    where: str
-    body: str
-    helpers: tuple[tuple[str, Callable[[], Any]], ...] = ()
-    params: tuple[str, ...] = ()  # parameters the body names; absent: not available
-
-
-@dataclass(frozen=True)
-class Wrapped:
-    what: str
-    swaps: tuple[Swap, ...]       # the first names the row and is put in place last
-    # None if this torch needs the row, else (outcome, detail) saying why not
-    needed: Callable[[TorchFacts], tuple[Outcome, str] | None] = lambda facts: None
-    option: str | None = None
-    # (config module, entry names): entries whose user_override the window keeps per thread
-    windowed: tuple[str, tuple[str, ...]] | None = None
-    carries_context: bool = False  # patched: records note their thread's Context
-
-    @property
-    def where(self) -> str:
-        return self.swaps[0].where
-
 
 def _config_process_wide(facts: TorchFacts) -> tuple[Outcome, str] | None:
     return None if not facts.config_per_thread else (Outcome.NOT_NEEDED, "config per thread")
@@ -349,20 +349,13 @@ THREADS: tuple[Wrapped, ...] = (
                   (("enter_thread", _config("enter_thread")),), params=("self",)),
              Swap("torch.utils._config_module.install_config_module", REGISTER_CONFIG_MODULE,
                   (("register", _config("register")),), params=("module",))),
-            _config_lost_by_threads, option="config_follows_thread"),
+            _config_lost_by_threads, option="config_follows_thread",
+            # config modules converted before the hook is in: found by one scan
+            when_planned=lambda: _config("rescan_later")()()),
 )
 
 
 # -- config defaults -------------------------------------------------------------
-
-@dataclass(frozen=True)
-class ConfigDefault:
-    what: str
-    where: str
-    value: Any
-    option: str | None = None
-    missing: tuple[Outcome, str] = (Outcome.NOT_AVAILABLE, "")  # where torch lacks the entry
-
 
 CONFIG_DEFAULTS: tuple[ConfigDefault, ...] = (
     # Backward graphs compiled with the forward: the autograd worker never
@@ -380,8 +373,8 @@ CONFIG_DEFAULTS: tuple[ConfigDefault, ...] = (
 
 # Dynamo's callback for a cache miss (and compute_cache_size): a thread that
 # missed while another compiled the same code runs that compile if its guards pass.
-COMPILE_ONCE = ("compile once", "torch._dynamo.convert_frame.CatchErrorsWrapper.__call__",
-                "compile_once")  # (what, where, option)
+COMPILE_ONCE = CompileOnceRow("torch._dynamo.convert_frame.CatchErrorsWrapper.__call__",
+                              option="compile_once")
 
 
 # -- concurrent compiles (option concurrent_compiles, off by default) ----------------
@@ -389,18 +382,6 @@ COMPILE_ONCE = ("compile once", "torch._dynamo.convert_frame.CatchErrorsWrapper.
 # (tools/compile_globals.py lists and classifies every global the compiler writes).
 
 CONCURRENT = "concurrent_compiles"
-
-
-@dataclass(frozen=True)
-class SharedLockRow:
-    """A process-wide RLock (``where``) becomes a machinery SharedLock: every
-    ``with lock:`` keeps its meaning (exclusive: it waits for every holder),
-    while the functions in ``shared_in`` run their whole body holding it
-    shared, so several threads are inside them at once."""
-    what: str
-    where: str
-    shared_in: tuple[str, ...]
-    option: str = CONCURRENT
 
 
 # The callback's whole body holds the lock shared.  One function's compiles
@@ -438,7 +419,9 @@ COMPILE_CONFIG = ("torch._dynamo.config", "torch._inductor.config", "torch._func
 # eager backward, it is a re-entry, as with stock's RLock).  Same-graph threads
 # still compile once where fxguard's compile-once row waits them.
 COMPILE_LOCK = SharedLockRow("compile lock", "torch._dynamo.convert_frame.compile_lock",
-                             ("torch._dynamo.convert_frame.CatchErrorsWrapper.__call__",))  # 2.10+
+                             ("torch._dynamo.convert_frame.CatchErrorsWrapper.__call__",),  # 2.10+
+                             SHARED_BODY, PER_CODE_HELD, WINDOW_HELD, COMPILE_CONFIG,
+                             option=CONCURRENT)
 
 
 def _original_forward_from_src() -> Any:
@@ -452,7 +435,7 @@ CONCURRENT_PER_THREAD: tuple[PerThread, ...] = (
     # ConvertFrameAssert.__call__, read when an OutputGraph is made (2.9+) and
     # when guards are built; another thread's makes the GLOBAL_STATE guard
     # check the wrong grad mode ("Guard failed on the same frame it was created").
-    PerThread("torch._dynamo.convert_frame", "initial_global_state", None),
+    PerThread("torch._dynamo.convert_frame", "initial_global_state", None, option=CONCURRENT),
     # Every compile swaps in dynamo's skip wrapper (preserve_global_state) and
     # puts back what it found: interleaved, the wrapper stays for good, and
     # meanwhile another thread's GraphModules get code dynamo skips (a later
@@ -460,16 +443,16 @@ CONCURRENT_PER_THREAD: tuple[PerThread, ...] = (
     # trace_frame; older: preserve_global_state's closures.
     PerThread("torch.fx.graph_module", "_forward_from_src", factory=_original_forward_from_src,
               writers=("torch._dynamo.convert_frame.trace_frame",),
-              or_writers=("torch._dynamo.convert_frame.preserve_global_state",)),
+              or_writers=("torch._dynamo.convert_frame.preserve_global_state",), option=CONCURRENT),
     # True while a compile traces a function it must inline whole (_force_inline,
     # around utils._make_inlined); check_verbose then skips nothing.  Read in every
     # thread's frame callback: another thread's cache miss compiled a frame dynamo
     # skips (Module._wrapped_call_impl instead of the module's forward).
-    PerThread("torch._dynamo.trace_rules", "_force_inline_flag", False),
+    PerThread("torch._dynamo.trace_rules", "_force_inline_flag", False, option=CONCURRENT),
     # make_fx's decomposition table and the aten op being traced (<= 2.12;
     # 2.13 keeps ORIGINAL_ATEN in a ContextVar and the table elsewhere).
-    PerThread("torch.fx.experimental.proxy_tensor", "CURRENT_DECOMPOSITION_TABLE", factory=dict),
-    PerThread("torch.fx.experimental.proxy_tensor", "ORIGINAL_ATEN", None),
+    PerThread("torch.fx.experimental.proxy_tensor", "CURRENT_DECOMPOSITION_TABLE", factory=dict, option=CONCURRENT),
+    PerThread("torch.fx.experimental.proxy_tensor", "ORIGINAL_ATEN", None, option=CONCURRENT),
 )
 
 # Class attributes inductor swaps for the length of a lowering context and reads
@@ -511,7 +494,7 @@ CLASS_ATTRS: tuple[ClassAttr, ...] = (
 # thread ends up with) the other's modes, or "pop from empty mode stack".
 INSTANCE_ATTRS: tuple[InstanceAttr, ...] = (
     InstanceAttr("torch._dynamo.variables.torch_function.torch_function_mode_stack_state_mgr"
-                 ".stack", factory=list),
+                 ".stack", factory=list, option=CONCURRENT),
 )
 
 # One-time lazy set-up (machinery.once): two first compiles both missed the
@@ -536,7 +519,9 @@ ONCE: tuple[Once, ...] = (
     Once("torch._inductor.autotune_process.get_tuning_process_pool"),
     Once("torch._inductor.autotune_process.get_tuning_thread_pool"),  # 2.15
     # `if len(MAP) > 0: return`, then fills it entry by entry (2.9+)
-    Once("torch._dynamo.variables.builtin.populate_builtin_to_tensor_fn_map", memo=False),
+    Once("torch._dynamo.variables.builtin.populate_builtin_to_tensor_fn_map", memo=False,
+         guards=("torch._dynamo.variables.builtin.BUILTIN_TO_TENSOR_FN_MAP",
+                 "torch._dynamo.variables.builtin.BUILTIN_TO_TENSOR_RFN_MAP")),
 )
 
 # Ids allocated by `+= 1` in small functions: two compiles at once got equal
@@ -547,12 +532,14 @@ _ids_lock = threading.RLock()
 IDS = (("lock", lambda: _ids_lock),)
 ID_LOCKS: tuple[Wrapped, ...] = (
     Wrapped("compile ids lock", (Swap("torch._dynamo.convert_frame.get_compile_id", LOCKED, IDS),),
-            option=CONCURRENT),
+            option=CONCURRENT, guards=("torch._dynamo.convert_frame.FRAME_COUNTER",
+                                       "torch._dynamo.convert_frame.FRAME_COMPILE_COUNTER")),
     Wrapped("id allocator lock",
             (Swap("torch._subclasses.meta_utils.MetaTensorDescriber.__init__", LOCKED, IDS),),
-            option=CONCURRENT),
+            option=CONCURRENT, guards=("torch._subclasses.meta_utils.DESCRIBER_NEXT_ID",)),
     Wrapped("id allocator lock", (Swap("torch.fx.graph_module._EvalCacheLoader._get_key",
-                                       LOCKED, IDS),), option=CONCURRENT),
+                                       LOCKED, IDS),), option=CONCURRENT,
+            guards=("torch.fx.graph_module._loader.next_id",)),
 )
 
 # AOTAutograd traces every joint graph inside torch.autograd.detect_anomaly(),
@@ -563,9 +550,18 @@ ID_LOCKS: tuple[Wrapped, ...] = (
 AOT = "torch._functorch._aot_autograd.graph_capture_wrappers"
 SHARED_WINDOWS: tuple[SharedWindow, ...] = (
     SharedWindow("torch.autograd.detect_anomaly",
-                 (f"{AOT}.create_joint", f"{AOT}.create_functional_call")),
+                 (f"{AOT}.create_joint", f"{AOT}.create_functional_call"), option=CONCURRENT),
 )
 
 # dynamo and inductor statistics, `counters[group][key] += 1` all over torch
 # (machinery.exact_counters: every step in C, so exact under the GIL).
-EXACT_COUNTERS = ("torch._dynamo.utils.counters",)
+EXACT_COUNTERS = (ExactCounters("torch._dynamo.utils.counters", option=CONCURRENT),)
+
+
+# -- every row, in the order prepare() plans them and status() shows them ----------
+# Per-thread globals first: what the other rows wrap is their code as those leave it.
+# The compile lock last: once it opens, compiles overlap.
+ROWS = (PER_THREAD + CONCURRENT_PER_THREAD + PATCHING + CLASS_STATE + WRAPPED + CONFIG_DEFAULTS
+        + THREADS + (COMPILE_ONCE, DeviceGuardUpFront(), ClassAttrs(CLASS_ATTRS, option=CONCURRENT))
+        + INSTANCE_ATTRS + (Onces(ONCE, option=CONCURRENT),) + ID_LOCKS + SHARED_WINDOWS
+        + EXACT_COUNTERS + (COMPILE_LOCK,))

@@ -22,6 +22,7 @@ import fxguard
 
 from . import interpreter
 from .demos import DEMOS, races
+from .demos.shared_gpu import COMPLETED, DEADLOCKED
 from .torch_support import facts
 
 # Warnings the probes cause on purpose, or that say nothing about fxguard:
@@ -135,7 +136,7 @@ def _table(rows: list[list[str]]) -> list[str]:
 
 
 def verdict(rows: list[dict], gpu: dict | None) -> tuple[bool, str]:
-    ok = all(r["fixed"] for r in rows) and (gpu is None or gpu["fxguard"]["result"] == "completed")
+    ok = all(r["fixed"] for r in rows) and (gpu is None or gpu["fxguard"]["result"] == COMPLETED)
     return ok, "fxguard fixes every race found" if ok else "RACE NOT FIXED"
 
 
@@ -159,7 +160,7 @@ def report(rows: list[dict], status: dict, seconds: float, gpu: dict | None = No
         table.append(["shared-gpu-deadlock", "n/a", "no CUDA here: not probed", ""])
     else:
         stock, fixed = gpu["stock"]["result"], gpu["fxguard"]["result"]
-        table.append(["shared-gpu-deadlock", "yes" if stock == "deadlocked" else "no",
+        table.append(["shared-gpu-deadlock", "yes" if stock == DEADLOCKED else "no",
                       f"{stock} ({gpu['stock']['seconds']} s)",
                       f"{fixed} ({gpu['fxguard']['seconds']} s)"])
     lines += _table(table)

@@ -24,6 +24,7 @@ import time
 
 STALL_SECONDS = 20.0  # after setup, the interleaving needs well under a second
 DEADLOCK_EXIT = 3
+COMPLETED, DEADLOCKED, ERROR = "completed", "deadlocked", "error"  # probe()'s results
 
 
 def scenario(install: bool) -> None:
@@ -71,27 +72,27 @@ def scenario(install: bool) -> None:
     tb.join(1)
     faulthandler.cancel_dump_traceback_later()
     if ta.is_alive() or tb.is_alive():
-        print("deadlocked", flush=True)
+        print(DEADLOCKED, flush=True)
         os._exit(DEADLOCK_EXIT)
     if errors:
         raise errors[0]
-    print("completed", flush=True)
+    print(COMPLETED, flush=True)
 
 
 def probe(install: bool, timeout: float = 600.0) -> dict:
-    """Run the scenario in a subprocess: {'result': 'completed'|'deadlocked'|'error', ...}."""
+    """Run the scenario in a subprocess: {'result': COMPLETED | DEADLOCKED | ERROR, ...}."""
     cmd = [sys.executable, "-m", "fxguard.demos.shared_gpu"] + (["--install"] if install else [])
     start = time.monotonic()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"result": "deadlocked", "seconds": timeout, "detail": "no answer before timeout"}
+        return {"result": DEADLOCKED, "seconds": timeout, "detail": "no answer before timeout"}
     seconds = round(time.monotonic() - start, 1)
     if proc.returncode == DEADLOCK_EXIT:
-        return {"result": "deadlocked", "seconds": seconds, "detail": proc.stderr[-3000:]}
-    if proc.returncode == 0 and "completed" in proc.stdout:
-        return {"result": "completed", "seconds": seconds, "detail": ""}
-    return {"result": "error", "seconds": seconds, "detail": (proc.stdout + proc.stderr)[-3000:]}
+        return {"result": DEADLOCKED, "seconds": seconds, "detail": proc.stderr[-3000:]}
+    if proc.returncode == 0 and COMPLETED in proc.stdout.split():
+        return {"result": COMPLETED, "seconds": seconds, "detail": ""}
+    return {"result": ERROR, "seconds": seconds, "detail": (proc.stdout + proc.stderr)[-3000:]}
 
 
 if __name__ == "__main__":

@@ -40,6 +40,31 @@ def needs(path: str):
     return pytest.mark.skipif(not present, reason=f"this torch has no {path}")
 
 
+def run_raising(targets, timeout: float = 60.0, on_error=None, made=None) -> None:
+    """Run each target on a thread of its own; the first exception of any is
+    raised here (``on_error()`` runs at once when one raises, to free the
+    others); ``made(threads)`` sees the threads before they start."""
+    errors = []
+
+    def body(fn):
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 - raised below
+            errors.append(e)
+            if on_error is not None:
+                on_error()
+    threads = [threading.Thread(target=body, args=(t,), daemon=True) for t in targets]
+    if made is not None:
+        made(threads)
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    assert not any(t.is_alive() for t in threads), "a thread did not finish"
+    if errors:
+        raise errors[0]
+
+
 def run_together(*targets, timeout: float = 60.0) -> None:
     """Start one thread per target, wait for all; fail if one is still running."""
     import threading

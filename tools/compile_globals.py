@@ -47,6 +47,8 @@ from dataclasses import dataclass, field
 
 from compile_globals_classes import CLASSIFY, OK, ONCE, ROW, RULES, TEST_HELPER_PATCHES
 
+from fxguard.machinery.rewrite import dotted
+
 SCOPE = ("_dynamo", "_inductor", "_functorch", "_higher_order_ops", "fx", "_subclasses",
          "utils/_python_dispatch.py", "_guards.py")
 SKIP_DIRS = ("/test", "/testing", "/benchmarks", "/fb/", "_inductor/kernel/vendored_templates",
@@ -98,16 +100,6 @@ def files(root: str) -> list[str]:
                 continue
             out += [os.path.join(folder, n) for n in names if n.endswith(".py")]
     return sorted(out)
-
-
-def dotted(node: ast.AST) -> str | None:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        return ".".join([node.id] + parts[::-1])
-    return None
 
 
 def root_name(node: ast.AST) -> str | None:

@@ -13,7 +13,7 @@ import time
 
 import pytest
 import torch
-from guarded import both_ways
+from guarded import both_ways, run_raising
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import fxguard
@@ -112,22 +112,7 @@ def always_races():
 
 def run(*targets):
     """Run targets on threads; the first exception of any is re-raised here."""
-    errors = []
-
-    def wrap(target):
-        try:
-            target()
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=wrap, args=(t,), daemon=True) for t in targets]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(3 * WAIT)
-    assert not any(t.is_alive() for t in threads), "a thread did not finish"
-    if errors:
-        raise errors[0]
+    run_raising(targets, timeout=3 * WAIT)
 
 
 def paused_inside_a_patcher(kind):
@@ -188,28 +173,17 @@ def test_two_traces_that_end_out_of_order(guard, kind_a, kind_b):
 def run_held(*targets):
     """Run (target, pause) pairs on threads, each pause holding its thread;
     on any failure every pause is released; the first error is re-raised."""
-    errors, pauses = [], [p for _, p in targets if p is not None]
+    pauses = [p for _, p in targets if p is not None]
 
-    def body(fn):
-        try:
-            fn()
-        except BaseException as e:  # noqa: BLE001 - re-raised below
-            errors.append(e)
-            for p in pauses:
-                p.release.set()
-    threads = []
-    for fn, pause in targets:
-        t = threading.Thread(target=body, args=(fn,), daemon=True)
-        if pause is not None:
-            pause.hold = t
-        threads.append(t)
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(3 * WAIT)
-    assert not any(t.is_alive() for t in threads), "a thread did not finish"
-    if errors:
-        raise errors[0]
+    def release_all():
+        for p in pauses:
+            p.release.set()
+
+    def hold(threads):
+        for thread, (_, pause) in zip(threads, targets):
+            if pause is not None:
+                pause.hold = thread
+    run_raising([fn for fn, _ in targets], timeout=3 * WAIT, on_error=release_all, made=hold)
 
 
 @pytest.mark.parametrize("guard,kind", [

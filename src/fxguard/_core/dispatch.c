@@ -37,13 +37,11 @@ thread_key(void)
     return PyLong_FromUnsignedLongLong(PyThreadState_GetID(PyThreadState_Get()));
 }
 
-/* The calling thread's value, as a new reference; NULL with an error set. */
+/* The calling thread's override, else `fallback`, as a new reference; NULL
+ * with an error set. */
 static PyObject *
-current(DispatchObject *d)
+override_or(DispatchObject *d, PyObject *fallback)
 {
-    if (PyDict_GET_SIZE(d->overrides) == 0) {
-        return Py_NewRef(d->callee); /* nobody overrides: the common case */
-    }
     PyObject *key = thread_key();
     if (key == NULL) {
         return NULL;
@@ -52,9 +50,19 @@ current(DispatchObject *d)
     int found = fxg_dict_get_ref(d->overrides, key, &value);
     Py_DECREF(key);
     if (found <= 0) {
-        return found < 0 ? NULL : Py_NewRef(d->callee);
+        return found < 0 ? NULL : Py_NewRef(fallback);
     }
     return value;
+}
+
+/* The calling thread's value, as a new reference; NULL with an error set. */
+static PyObject *
+current(DispatchObject *d)
+{
+    if (PyDict_GET_SIZE(d->overrides) == 0) {
+        return Py_NewRef(d->callee); /* nobody overrides: the common case */
+    }
+    return override_or(d, d->callee);
 }
 
 /* Whether calling `fn(self, *args)` is the same as calling `fn` bound to self. */
@@ -173,18 +181,30 @@ dispatch_dealloc(PyObject *self)
 static PyObject *
 dispatch_override(PyObject *self, PyObject *default_value)
 {
-    DispatchObject *d = (DispatchObject *)self;
+    return override_or((DispatchObject *)self, default_value);
+}
+
+/* The calling thread's override set to value, or removed (value NULL). */
+static PyObject *
+set_override(PyObject *self, PyObject *value)
+{
     PyObject *key = thread_key();
     if (key == NULL) {
         return NULL;
     }
-    PyObject *value;
-    int found = fxg_dict_get_ref(d->overrides, key, &value);
-    Py_DECREF(key);
-    if (found <= 0) {
-        return found < 0 ? NULL : Py_NewRef(default_value);
+    PyObject *overrides = ((DispatchObject *)self)->overrides;
+    int r;
+    if (value != NULL) {
+        r = PyDict_SetItem(overrides, key, value);
     }
-    return value;
+    else if ((r = PyDict_Contains(overrides, key)) > 0) {
+        r = PyDict_DelItem(overrides, key);
+    }
+    Py_DECREF(key);
+    if (r < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
 }
 
 static PyObject *
@@ -194,35 +214,13 @@ dispatch_set(PyObject *self, PyObject *value)
         PyErr_SetString(PyExc_ValueError, "Dispatch.set: a Dispatch cannot run itself");
         return NULL;
     }
-    PyObject *key = thread_key();
-    if (key == NULL) {
-        return NULL;
-    }
-    int r = PyDict_SetItem(((DispatchObject *)self)->overrides, key, value);
-    Py_DECREF(key);
-    if (r < 0) {
-        return NULL;
-    }
-    Py_RETURN_NONE;
+    return set_override(self, value);
 }
 
 static PyObject *
 dispatch_reset(PyObject *self, PyObject *Py_UNUSED(ignored))
 {
-    PyObject *key = thread_key();
-    if (key == NULL) {
-        return NULL;
-    }
-    PyObject *overrides = ((DispatchObject *)self)->overrides;
-    int r = PyDict_Contains(overrides, key);
-    if (r > 0) {
-        r = PyDict_DelItem(overrides, key);
-    }
-    Py_DECREF(key);
-    if (r < 0) {
-        return NULL;
-    }
-    Py_RETURN_NONE;
+    return set_override(self, NULL);
 }
 
 static PyObject *

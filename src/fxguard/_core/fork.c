@@ -13,30 +13,18 @@
  * the registry's `st` is NULL and only its surviving locks are reset. */
 #include "fxguard.h"
 
-#define REGISTRY_CAPSULE "fxguard._core.registry"
-
-fxg_registry *
-fxg_registry_of(fxg_state *st)
-{
-    if (st->registry == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "fxguard._core has been torn down");
-        return NULL;
-    }
-    return PyCapsule_GetPointer(st->registry, REGISTRY_CAPSULE);
-}
-
 void
 fxg_fork_module_clear(fxg_state *st)
 {
-    if (st->registry != NULL && PyCapsule_IsValid(st->registry, REGISTRY_CAPSULE)) {
-        ((fxg_registry *)PyCapsule_GetPointer(st->registry, REGISTRY_CAPSULE))->st = NULL;
+    if (st->registry != NULL && PyCapsule_IsValid(st->registry, FXG_REGISTRY_CAPSULE)) {
+        ((fxg_registry *)PyCapsule_GetPointer(st->registry, FXG_REGISTRY_CAPSULE))->st = NULL;
     }
 }
 
 static void
 registry_free(PyObject *capsule)
 {
-    fxg_registry *reg = PyCapsule_GetPointer(capsule, REGISTRY_CAPSULE);
+    fxg_registry *reg = PyCapsule_GetPointer(capsule, FXG_REGISTRY_CAPSULE);
     if (reg != NULL) {
         fxg_rlock_registry_free(reg);
         PyMem_Free(reg);
@@ -46,7 +34,7 @@ registry_free(PyObject *capsule)
 static PyObject *
 after_fork_in_child(PyObject *capsule, PyObject *Py_UNUSED(ignored))
 {
-    fxg_registry *reg = PyCapsule_GetPointer(capsule, REGISTRY_CAPSULE);
+    fxg_registry *reg = PyCapsule_GetPointer(capsule, FXG_REGISTRY_CAPSULE);
     if (reg == NULL) {
         return NULL;
     }
@@ -116,7 +104,7 @@ fxg_fork_module_exec(fxg_state *st)
         PyErr_NoMemory();
         return -1;
     }
-    st->registry = PyCapsule_New(reg, REGISTRY_CAPSULE, registry_free);
+    st->registry = PyCapsule_New(reg, FXG_REGISTRY_CAPSULE, registry_free);
     if (st->registry == NULL) {
         PyMem_Free(reg);
         return -1;

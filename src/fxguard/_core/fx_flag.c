@@ -80,32 +80,20 @@ flag_not_installed(fxg_state *st)
 }
 
 /* Installed, and the calling thread is not a Python thread with its record:
- * it has no record yet, or it is an autograd worker. */
+ * it has no record yet, or it is an autograd worker (fxg_acting_record). */
 static int
-flag_patched_slow(fxg_state *st, fxg_record *own)
+flag_patched_slow(fxg_state *st)
 {
     if (FXG_LOAD_SSIZE(&st->records.tracing) == 0) {
         return 0; /* nobody traces: nothing can have been carried here */
     }
-    if (own == NULL) {
-        /* A thread's first read while another traces: give it its record
-         * (worker or not is decided once), so that a Python thread's later
-         * reads take the hot path instead of two torch TLS calls each. */
-        if ((own = fxg_make_own_record(st)) == NULL) {
-            return -1;
-        }
-        Py_DECREF(own); /* its thread-state dict holds it */
-        if (!own->worker) {
-            return 0;
-        }
+    int own_python;
+    fxg_record *rec = fxg_acting_record(st, &own_python);
+    if (rec == NULL) {
+        return -1;
     }
-    /* A worker answers for the thread whose graph task it runs, if any. */
-    fxg_record *carried = fxg_carried_record(st);
-    if (carried == NULL) {
-        return PyErr_Occurred() ? -1 : FXG_LOAD_INT(&own->flag);
-    }
-    int r = FXG_LOAD_INT(&carried->flag);
-    Py_DECREF(carried);
+    int r = FXG_LOAD_INT(&rec->flag);
+    Py_DECREF(rec);
     return r;
 }
 
@@ -135,7 +123,7 @@ fxg_thread_is_tracing(fxg_state *st)
         if (own == NULL && PyErr_Occurred()) {
             return -1;
         }
-        return flag_patched_slow(st, own);
+        return flag_patched_slow(st);
     }
     case FXG_MODE_UPSTREAM:
         return flag_upstream(st);

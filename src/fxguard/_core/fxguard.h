@@ -274,6 +274,9 @@ fxg_record_value(fxg_record *rec, Py_ssize_t index)
 
 /* New reference; NULL with an error set. */
 fxg_record *fxg_record_for(fxg_state *st);
+/* Whose record the calling thread acts for (new reference), as fxg_record_for
+ * but without bringing it up to date; *own_python: the Python thread's own. */
+fxg_record *fxg_acting_record(fxg_state *st, int *own_python);
 /* A new record for the calling thread, in its thread-state dict (new
  * reference); whether it is a worker is decided here, once. */
 fxg_record *fxg_make_own_record(fxg_state *st);
@@ -365,8 +368,18 @@ Py_ssize_t fxg_rlocks_after_fork(fxg_registry *reg);
 /* fork.c */
 /* The module's registry capsule (st->registry) and its after-fork hook. */
 int fxg_fork_module_exec(fxg_state *st);  /* 0 or -1 */
-/* The registry behind st->registry, or NULL with an error (torn down). */
-fxg_registry *fxg_registry_of(fxg_state *st);
+#define FXG_REGISTRY_CAPSULE "fxguard._core.registry"
+/* The registry behind st->registry, or NULL with an error (torn down).  Here,
+ * not in fork.c: rlock.c registers its locks in it. */
+static inline fxg_registry *
+fxg_registry_of(fxg_state *st)
+{
+    if (st->registry == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "fxguard._core has been torn down");
+        return NULL;
+    }
+    return (fxg_registry *)PyCapsule_GetPointer(st->registry, FXG_REGISTRY_CAPSULE);
+}
 /* The module state is going: the after-fork hook, which outlives it, lets it be. */
 void fxg_fork_module_clear(fxg_state *st);
 

@@ -234,29 +234,26 @@ core_exec(PyObject *module)
     return r;
 }
 
+/* The state's objects traverse visits; clear lets go of the second list
+ * (config's go through fxg_config_clear, under its mutex). */
+#define FXG_CONFIG_OBJECTS(X)                                                            \
+    X(config.defaults) X(config.factories) X(config.is_compiling) X(config.upstream_get)  \
+    X(config.upstream_set) X(config.tls_stash) X(config.tls_has) X(config.tls_get)
+#define FXG_OWNED_OBJECTS(X)                                                             \
+    X(tls.kept) X(types.record) X(types.slot_view) X(types.fx_tracing) X(types.rlock)    \
+    X(types.reader) X(types.dispatch) X(registry)
+
 static int
 core_traverse(PyObject *module, visitproc visit, void *arg)
 {
     fxg_state *st = state_of(module);
-    Py_VISIT(st->config.defaults);
-    Py_VISIT(st->config.factories);
-    Py_VISIT(st->config.is_compiling);
-    Py_VISIT(st->config.upstream_get);
-    Py_VISIT(st->config.upstream_set);
-    Py_VISIT(st->config.tls_stash);
-    Py_VISIT(st->config.tls_has);
-    Py_VISIT(st->config.tls_get);
-    Py_VISIT(st->tls.kept);
+#define FXG_VISIT(field) Py_VISIT(st->field);
+    FXG_CONFIG_OBJECTS(FXG_VISIT)
+    FXG_OWNED_OBJECTS(FXG_VISIT)
+#undef FXG_VISIT
 #if FXG_RECORD_CACHE
     Py_VISIT(st->records.cached);
 #endif
-    Py_VISIT(st->types.record);
-    Py_VISIT(st->types.slot_view);
-    Py_VISIT(st->types.fx_tracing);
-    Py_VISIT(st->types.rlock);
-    Py_VISIT(st->types.reader);
-    Py_VISIT(st->types.dispatch);
-    Py_VISIT(st->registry);
     return 0;
 }
 
@@ -269,17 +266,12 @@ core_clear(PyObject *module)
 #define FXG_NAME_CLEAR(field, text) Py_CLEAR(st->str.field);
     FXG_NAMES(FXG_NAME_CLEAR)
 #undef FXG_NAME_CLEAR
-    Py_CLEAR(st->tls.kept);
+#define FXG_CLEAR(field) Py_CLEAR(st->field);
+    FXG_OWNED_OBJECTS(FXG_CLEAR)
+#undef FXG_CLEAR
 #if FXG_RECORD_CACHE
     Py_CLEAR(st->records.cached);
 #endif
-    Py_CLEAR(st->types.record);
-    Py_CLEAR(st->types.slot_view);
-    Py_CLEAR(st->types.fx_tracing);
-    Py_CLEAR(st->types.rlock);
-    Py_CLEAR(st->types.reader);
-    Py_CLEAR(st->types.dispatch);
-    Py_CLEAR(st->registry);
     return 0;
 }
 

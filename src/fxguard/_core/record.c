@@ -295,28 +295,28 @@ fxg_make_own_record(fxg_state *st)
 
 /* Whose record the calling thread's reads and writes go to (new reference):
  * a Python thread's own; a worker acts for the thread whose graph task it
- * runs, and with none carried in, for itself.  *own_python: it is the
- * calling Python thread's own. */
-static fxg_record *
-acting_record(fxg_state *st, int *own_python)
+ * runs, and with none carried in, for itself.  A thread without a record gets
+ * one first (worker or not is decided once), so that a Python thread's later
+ * calls find it at once.  *own_python: it is the calling Python thread's own. */
+fxg_record *
+fxg_acting_record(fxg_state *st, int *own_python)
 {
     fxg_record *own = fxg_own_record(st);
-    if (own == NULL && PyErr_Occurred()) {
+    if (own != NULL) {
+        Py_INCREF(own);
+    }
+    else if (PyErr_Occurred() || (own = fxg_make_own_record(st)) == NULL) {
         return NULL;
     }
-    *own_python = own != NULL && !own->worker;
+    *own_python = !own->worker;
     if (*own_python) {
-        return (fxg_record *)Py_NewRef(own);
+        return own;
     }
     fxg_record *carried = fxg_carried_record(st);
     if (carried != NULL || PyErr_Occurred()) {
+        Py_DECREF(own);
         return carried;
     }
-    if (own != NULL) {
-        return (fxg_record *)Py_NewRef(own);
-    }
-    own = fxg_make_own_record(st);
-    *own_python = own != NULL && !own->worker;
     return own;
 }
 
@@ -324,7 +324,7 @@ fxg_record *
 fxg_record_for(fxg_state *st)
 {
     int own_python;
-    fxg_record *rec = acting_record(st, &own_python);
+    fxg_record *rec = fxg_acting_record(st, &own_python);
     if (rec == NULL) {
         return NULL;
     }

@@ -261,12 +261,12 @@ class _Redirect(ast.NodeTransformer):
         return node
 
     def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
-        dotted = _dotted(node)
-        if dotted in self.attributes:
+        path = dotted(node)
+        if path in self.attributes:
             self.count += 1
             if self.dry:
                 return node
-            return ast.copy_location(self._slot(self.attributes[dotted], node.ctx), node)
+            return ast.copy_location(self._slot(self.attributes[path], node.ctx), node)
         self.generic_visit(node)
         return node
 
@@ -286,7 +286,7 @@ class _Redirect(ast.NodeTransformer):
 
     def _patched(self, node: ast.Call) -> str | None:
         """The name a ``patch.object(target, "attr", new)`` call is served by, if listed."""
-        if not self.patches or _dotted(node.func) not in self.PATCH_OBJECT or \
+        if not self.patches or dotted(node.func) not in self.PATCH_OBJECT or \
                 len(node.args) != 3 or node.keywords or not isinstance(node.args[1], ast.Constant):
             return None
         return self.patches.get((ast.unparse(node.args[0]), node.args[1].value))
@@ -295,7 +295,8 @@ class _Redirect(ast.NodeTransformer):
         return ast.Attribute(value=ast.Name(id=self.via, ctx=ast.Load()), attr=name, ctx=ctx)
 
 
-def _dotted(node: ast.AST) -> str | None:
+def dotted(node: ast.AST) -> str | None:
+    """'a.b.c' for an attribute chain on a name, else None."""
     parts = []
     while isinstance(node, ast.Attribute):
         parts.append(node.attr)

@@ -106,3 +106,25 @@ class RowKind:
 
 def not_available(what: str, where: str, detail: str = "") -> Row:
     return Row(what, where, Outcome.NOT_AVAILABLE, detail)
+
+
+class GroupKind(RowKind):
+    """A kind whose ``entries`` are planned together (one lock, one rewrite of a
+    function that several touch); a status row each.  ``plan_entries(ctx)``
+    gives the changes and each entry's (entry, outcome, detail)."""
+    entries: tuple = ()
+
+    @property
+    def where(self) -> str:
+        return self.entries[0].where
+
+    def plan_entries(self, ctx: Context) -> tuple[list[Change], list[tuple[Any, Outcome, str]]]:
+        raise NotImplementedError
+
+    def plan(self, ctx: Context) -> Planned:
+        changes, outcomes = self.plan_entries(ctx)
+        return Planned(changes, rows=tuple(Row(self.what, entry.where, outcome, detail)
+                                           for entry, outcome, detail in outcomes))
+
+    def report(self, outcome: Outcome, detail: str = "") -> list[Row]:
+        return [Row(self.what, entry.where, outcome, detail) for entry in self.entries]

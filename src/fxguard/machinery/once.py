@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import codegen, originals
-from .changes import Change, Context, Outcome, Planned, Row, RowKind
+from .changes import Change, Context, GroupKind, Outcome
 
 
 @dataclass(frozen=True)
@@ -35,23 +35,14 @@ class Once:
 
 
 @dataclass(frozen=True)
-class Onces(RowKind):
-    """One-time set-up functions, planned together (one lock); a status row each."""
+class Onces(GroupKind):
+    """One-time set-up functions, planned together (one lock)."""
     entries: tuple[Once, ...]
     option: str | None = None
     what = "once-lock"
 
-    @property
-    def where(self) -> str:
-        return self.entries[0].where
-
-    def plan(self, ctx: Context) -> Planned:
-        changes, outcomes = plan(self.what, self.entries, ctx.code_for)
-        return Planned(changes, rows=tuple(Row(self.what, r.where, outcome, detail)
-                                           for r, outcome, detail in outcomes))
-
-    def report(self, outcome: Outcome, detail: str = "") -> list[Row]:
-        return [Row(self.what, r.where, outcome, detail) for r in self.entries]
+    def plan_entries(self, ctx: Context) -> tuple[list[Change], list[tuple[Once, Outcome, str]]]:
+        return plan(self.what, self.entries, ctx.code_for)
 
 
 class OnceLock:

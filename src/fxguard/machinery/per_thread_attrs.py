@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import originals, rewrite
-from .changes import Change, Context, NotCovered, Outcome, Planned, Row, RowKind
+from .changes import Change, Context, GroupKind, NotCovered, Outcome, Planned, RowKind
 from .per_thread_globals import functions_in
 
 VIEW = "__fxguard_attrs__"  # what the rewritten writers assign through, in their module
@@ -50,24 +50,15 @@ class ClassAttr:
 
 
 @dataclass(frozen=True)
-class ClassAttrs(RowKind):
+class ClassAttrs(GroupKind):
     """Class attributes made per thread, planned together (one function may
-    write several); a status row each."""
-    attrs: tuple[ClassAttr, ...]
+    write several)."""
+    entries: tuple[ClassAttr, ...]
     option: str | None = None
     what = "per-thread class attribute"
 
-    @property
-    def where(self) -> str:
-        return self.attrs[0].where
-
-    def plan(self, ctx: Context) -> Planned:
-        changes, outcomes = plan_class_attrs(self.what, self.attrs, ctx.code_for)
-        return Planned(changes, rows=tuple(Row(self.what, r.where, outcome, detail)
-                                           for r, outcome, detail in outcomes))
-
-    def report(self, outcome: Outcome, detail: str = "") -> list[Row]:
-        return [Row(self.what, r.where, outcome, detail) for r in self.attrs]
+    def plan_entries(self, ctx: Context) -> tuple[list[Change], list[tuple[ClassAttr, Outcome, str]]]:
+        return plan_class_attrs(self.what, self.entries, ctx.code_for)
 
 
 @dataclass(frozen=True)

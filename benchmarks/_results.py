@@ -138,7 +138,7 @@ HEADLINES = {
     ),
     "compile_stall": STALL,
     "compile_stall_eager_flex": STALL,
-    "concurrent_compile": [
+    "workarounds": [
         ("device", lambda r: _device(r) + ("" if any(m.get("train") for m in r["modes"].values())
                                            else ", forward only")),
         ("status: " + " / ".join(CC_MODES), lambda r: modes(r, CC_MODES, "status", text)),

@@ -36,6 +36,9 @@ def activate() -> None:
 
 
 gil_warnings: list = []  # CPython's "GIL has been enabled to load module ..." (fxguard.interpreter)
+# The words of that warning, here because this module must not import fxguard;
+# fxguard.interpreter and doctor read them from here.
+GIL_ENABLED = "global interpreter lock (GIL) has been enabled to load module"
 
 
 def _watch_gil() -> None:
@@ -45,7 +48,7 @@ def _watch_gil() -> None:
     shown = warnings.showwarning
 
     def showwarning(message, category, filename, lineno, file=None, line=None):
-        if "(GIL) has been enabled" in str(message):
+        if GIL_ENABLED in str(message):
             gil_warnings.append(str(message))
         return shown(message, category, filename, lineno, file, line)
 

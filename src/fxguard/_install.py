@@ -308,7 +308,7 @@ def preview(**options: bool) -> dict:
     return {**status(), "mode": _MODES[mode], "layout": facts.layout, "options": asdict(chosen),
             "patch_points": [r.as_dict() for r in prepared.rows],
             "autograd_workers": _workers(mode, hooks)[1],
-            "concurrent_compiles": _concurrent_status(chosen, prepared.concurrent),
+            "concurrent_compiles": _concurrent_status(chosen, prepared.concurrent, facts),
             "code_cache": dict(code_cache.last), "preview": True,
             "note": "what install() would do on this torch; nothing was changed"}
 
@@ -376,7 +376,7 @@ def status() -> dict:
                     patch_points=[r.as_dict() for r in _installed.rows],
                     autograd_workers=_installed.workers, code_cache=dict(_installed.code_cache),
                     concurrent_compiles=_concurrent_status(_installed.options,
-                                                           _installed.concurrent),
+                                                           _installed.concurrent, _installed.facts),
                     waiting={module: [r.where for r in rows]
                              for module, rows in sorted(_installed.later.waiting.items())})
         if _installed.compile_once is not None:  # {"compiles_avoided": n, "waits": n}
@@ -384,13 +384,13 @@ def status() -> dict:
     return info
 
 
-def _concurrent_status(options: Options, rows: list[Row]) -> dict[str, Any]:
+def _concurrent_status(options: Options, rows: list[Row], found: Any) -> dict[str, Any]:
     """Option concurrent_compiles: on or off, whether its stress suite was run on
-    this torch, and which of its rows apply here."""
+    this torch (``found``: its TorchFacts), and which of its rows apply here."""
     from .torch_support import facts
     on = options.concurrent_compiles
-    return {"enabled": on, "stress_tested": facts.concurrent_compiles_stress_tested(),
-            "tested": facts.concurrent_compiles_tested(),
+    return {"enabled": on, "stress_tested": facts.concurrent_compiles_stress_tested(found),
+            "tested": facts.concurrent_compiles_tested(found),
             "applies": [r.where for r in rows if r.patched] if on else [],
             "not_on_this_torch": [r.where for r in rows
                                   if r.outcome in (Outcome.NOT_AVAILABLE, Outcome.NOT_NEEDED)]}

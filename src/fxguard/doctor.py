@@ -35,7 +35,7 @@ EXPECTED = (
     (r"Failed to initialize NumPy|No module named 'numpy'", "torch without NumPy: harmless here"),
     (r"`torch\.jit\.\w+` is deprecated", "torch's own deprecation notice for TorchScript "
                                        "(seen on torch 2.11 with CUDA), unrelated to fxguard"),
-    (r"global interpreter lock \(GIL\) has been enabled", "a module turned the GIL on (see the "
+    (interpreter.GIL_WARNING.pattern, "a module turned the GIL on (see the "
                                                           "interpreter line above)"),
 )
 

@@ -17,7 +17,9 @@ import sysconfig
 import warnings
 from typing import Any
 
-_GIL_WARNING = re.compile(r"global interpreter lock \(GIL\) has been enabled to load module '([^']+)'")
+from _fxguard_startup import GIL_ENABLED  # a top-level module beside fxguard
+
+GIL_WARNING = re.compile(re.escape(GIL_ENABLED) + r" '([^']+)'")
 _enabled_by: list[str] = []
 
 
@@ -32,7 +34,7 @@ def gil_enabled() -> bool:
 
 def note(message: object) -> None:
     """Record the module a "GIL has been enabled" warning names, if it is one."""
-    found = _GIL_WARNING.search(str(message))
+    found = GIL_WARNING.search(str(message))
     if found and found.group(1) not in _enabled_by:
         _enabled_by.append(found.group(1))
 

@@ -25,7 +25,7 @@ def test_install_removes_the_deadlock():
 
 def test_three_drafter_threads_on_one_gpu_for_30s(tmp_path):
     """The drafter workload with install(): progress in every thread, 0 errors."""
-    bench = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "concurrent_compile.py")
+    bench = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "workarounds.py")
     out = tmp_path / "drafter.json"
     proc = subprocess.run([sys.executable, bench, "--device", "cuda", "--threads", "3",
                            "--modes", "fxguard", "--seconds", "30", "--json", str(out)],

@@ -42,6 +42,7 @@ DEMOS = (
     Demo(races.compile_vs_is_compiling),
     # Only where torch keeps config per thread: elsewhere there is nothing to follow.
     Demo(config_follows_thread, applies=lambda facts: facts.config_per_thread),
-    Demo(duplicate_compile.duplicate_compile, applies=lambda facts: duplicate_compile.available()),
+    Demo(duplicate_compile.duplicate_compile,  # the row stands down without the GIL
+         applies=lambda facts: facts.gil_enabled and duplicate_compile.available()),
     Demo(rng_rewind.rng_rewound),
 )

@@ -10,7 +10,7 @@ from .races import TIMEOUT, RaceResult
 
 
 def available() -> bool:
-    """Whether the "compile once" row is available here (torch's layout, the GIL)."""
+    """Whether this torch has the layout the "compile once" row knows."""
     from ..torch_support import compile_once
     try:
         compile_once.find()

@@ -9,9 +9,10 @@ that function alone, its *namespace* (``__fxguard_<qualname>__``), so two
 swapped functions of one module never share or clash.
 
 The only other globals fxguard injects into a library's modules are per module
-and read on hot paths, so they stay one ``LOAD_GLOBAL`` away:
-``TLS`` (the module's per-thread globals, per_thread_globals) and ``VIEW`` (what
-per-thread patching reads containers through).
+and read on hot paths, so they stay one ``LOAD_GLOBAL`` away: ``TLS`` (the
+module's per-thread globals, per_thread_globals), ``VIEW`` (what per-thread
+patching reads containers through), per_thread_attrs' ``__fxguard_attrs__`` and
+shared_window's ``__fxguard_windows__``.
 """
 from __future__ import annotations
 

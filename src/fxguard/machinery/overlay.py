@@ -1,6 +1,6 @@
 """Writes made inside a window stay in the writing thread.
 
-Some state is one attribute shared by every thread (torch <= 2.12 keeps each
+Some state is one attribute shared by every thread (torch <= 2.11 keeps each
 config entry's ``user_override`` that way), yet a function sets it only for
 the length of a window of its own: it saves the value, sets its own, and puts
 the old one back.  Two threads doing that interleave their saves and

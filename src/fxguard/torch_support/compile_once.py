@@ -116,6 +116,16 @@ class CompileOnceRow(RowKind):
     option: str | None = None
     what = LABEL
 
+    @staticmethod
+    def needed(facts: Any) -> tuple[Outcome, str] | None:
+        if facts.gil_enabled:
+            return None
+        # Seen on 3.13t with torch 2.12: the process aborted while a compile
+        # walked the code's cache entries (compute_cache_size) and threads that
+        # had shared a compile ran it; dynamo's C cache takes no lock of its own.
+        return Outcome.NOT_AVAILABLE, ("on this Python (the GIL off: dynamo's cache entries are "
+                                       "not safe to read while other threads run the same code)")
+
     def plan(self, ctx: Context) -> Planned:
         state = CompileOnce()
         try:
@@ -139,15 +149,7 @@ def changes(state: CompileOnce) -> list[Change]:
 
 
 def find() -> _Torch:
-    """What the mechanism needs; NotAvailable on a torch without the layout it
-    knows or with the GIL off."""
-    from .. import interpreter
-    if not interpreter.gil_enabled():
-        # Seen on 3.13t with torch 2.12: the process aborted while a compile
-        # walked the code's cache entries (compute_cache_size) and threads that
-        # had shared a compile ran it; dynamo's C cache takes no lock of its own.
-        raise NotAvailable("the GIL off: dynamo's cache entries are not safe to read while "
-                           "other threads run the same code", where="on this Python")
+    """What the mechanism needs; NotAvailable on a torch without the layout it knows."""
     return _find_torch()
 
 

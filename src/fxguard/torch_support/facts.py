@@ -38,6 +38,11 @@ class TorchFacts:
     layout: str                    # MODULE_GLOBAL or UPSTREAM
     config_per_thread: bool        # config overrides live in ContextVars (torch >= 2.12)
     python_inherits_context: bool  # new threads start in a copy of the starter's context (3.14+)
+    gil_enabled: bool = True       # at install (a free-threaded build may run without it)
+
+    @property
+    def release(self) -> str:
+        return self.torch.split("+")[0]
 
     @property
     def stock_threads_lose_config(self) -> bool:
@@ -49,8 +54,9 @@ def detect() -> TorchFacts:
     """Imports torch; UnsupportedTorchError on a layout fxguard does not know."""
     import torch
     from torch.fx import _symbolic_trace
+    from .. import interpreter
     return TorchFacts(torch.__version__, detect_layout(_symbolic_trace), config_is_per_thread(),
-                      python_inherits_context())
+                      python_inherits_context(), interpreter.gil_enabled())
 
 
 def detect_layout(module: types.ModuleType) -> str:
@@ -104,44 +110,31 @@ CONCURRENT_COMPILES_STRESSED = ("2.11.0", "2.13.0", "2.14.1", "2.15.0")
 ALLOW_UNTESTED = "FXGUARD_ALLOW_UNTESTED"  # "concurrent_compiles": run it anyway
 
 
-def concurrent_compiles_refusal() -> str | None:
+def concurrent_compiles_refusal(facts: TorchFacts) -> str | None:
     """Why install(concurrent_compiles=True) refuses here (None: it may run):
     only on a torch and Python its stress suite ran on, unless the environment
     says FXGUARD_ALLOW_UNTESTED=concurrent_compiles."""
     import os
-
-    import torch
-
-    from .. import interpreter
     if "concurrent_compiles" in os.environ.get(ALLOW_UNTESTED, "").replace(" ", "").split(","):
         return None
-    if concurrent_compiles_stress_tested():
+    if concurrent_compiles_stress_tested(facts):
         return None
-    release = torch.__version__.split("+")[0]
-    where = f"torch {release}" if interpreter.gil_enabled() else "a Python with the GIL off"
+    where = f"torch {facts.release}" if facts.gil_enabled else "a Python with the GIL off"
     return (f"concurrent_compiles has not been stress-tested on {where} (tested: torch "
             f"{', '.join(CONCURRENT_COMPILES_STRESSED)} with the GIL); nothing was changed. "
             f"To run it anyway, set {ALLOW_UNTESTED}=concurrent_compiles")
 
 
-def concurrent_compiles_stress_tested() -> bool:
-    """The stress suite ran on the installed torch, with the GIL (as now)."""
-    import torch
-
-    from .. import interpreter
-    return interpreter.gil_enabled() and \
-        torch.__version__.split("+")[0] in CONCURRENT_COMPILES_STRESSED
+def concurrent_compiles_stress_tested(facts: TorchFacts) -> bool:
+    """The stress suite ran on this torch, with the GIL (as at install)."""
+    return facts.gil_enabled and facts.release in CONCURRENT_COMPILES_STRESSED
 
 
-def concurrent_compiles_tested() -> str:
-    """A plain statement: was the stress suite run on the installed torch?"""
-    import torch
-
-    from .. import interpreter
-    release = torch.__version__.split("+")[0]
-    if not interpreter.gil_enabled():
+def concurrent_compiles_tested(facts: TorchFacts) -> str:
+    """concurrent_compiles_stress_tested(), said in a sentence (for people)."""
+    if not facts.gil_enabled:
         return "untested without the GIL (free-threaded build): its race tests are skipped there"
-    if release in CONCURRENT_COMPILES_STRESSED:
-        return f"stress suite run on this torch ({release})"
-    return (f"untested on this torch ({release}); the stress suite was run on "
+    if facts.release in CONCURRENT_COMPILES_STRESSED:
+        return f"stress suite run on this torch ({facts.release})"
+    return (f"untested on this torch ({facts.release}); the stress suite was run on "
             f"{', '.join(CONCURRENT_COMPILES_STRESSED)}")

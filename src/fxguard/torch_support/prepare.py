@@ -54,7 +54,7 @@ def prepare(facts: TorchFacts, options: rows.Options, later: Later | None = None
     Planned inside import_watch.no_imports, a row that would import a module
     waits for it (Outcome.WAITING); ``later`` (the last Prepared's) plans those
     again once modules arrived, going on from the rows applied before."""
-    if options.concurrent_compiles and (refusal := facts_module.concurrent_compiles_refusal()):
+    if options.concurrent_compiles and (refusal := facts_module.concurrent_compiles_refusal(facts)):
         raise UnsupportedTorchError(refusal)
     later = later or Later()
     ctx = Context(facts, options, later.planner, _writes(options))

@@ -12,10 +12,10 @@ Modes, each in a fresh process with its own inductor/triton cache:
   serialized    one process-wide lock around each whole training step
   fxguard       fxguard.install()
 
-    python benchmarks/concurrent_compile.py                       # CPU, tiny, all modes
-    python benchmarks/concurrent_compile.py --device cuda         # all threads on one GPU
-    python benchmarks/concurrent_compile.py --devices 0,1,2       # one thread per GPU
-    ... --json out.json --plot memory.png   (or --save: results/concurrent_compile/)
+    python benchmarks/workarounds.py                       # CPU, tiny, all modes
+    python benchmarks/workarounds.py --device cuda         # all threads on one GPU
+    python benchmarks/workarounds.py --devices 0,1,2       # one thread per GPU
+    ... --json out.json --plot memory.png   (or --save: results/workarounds/)
 
 On CPU, flex_attention has no backward (torch raises NotImplementedError), so
 the CPU variant runs forward-only steps and says so.
@@ -315,7 +315,7 @@ def flatness(samples, steady_from):
 
 def run_all(args) -> dict:
     settings = {k: v for k, v in vars(args).items() if k not in ("worker", "mode", "out", "json", "save")}
-    report = {**_harness.envelope("concurrent_compile", import_torch=True), "settings": settings, "modes": {}}
+    report = {**_harness.envelope("workarounds", import_torch=True), "settings": settings, "modes": {}}
     for mode in args.modes.split(","):
         print(f"== mode {mode}", flush=True)
         report["modes"][mode] = _harness.in_fresh_process(

@@ -80,7 +80,7 @@ class CompileOnce:
 
     def __init__(self) -> None:
         self.gate = CompileGate()
-        self._nested = threading.local()
+        self.nested = threading.local()  # per thread: inside a callback already
         self._lock = threading.Lock()
         self.compiles_avoided = 0  # waiters that ran another thread's compile
 
@@ -88,7 +88,8 @@ class CompileOnce:
         with self._lock:
             return {"compiles_avoided": self.compiles_avoided, "waits": self.gate.waits}
 
-    def _avoided(self) -> None:
+    def avoided(self) -> None:
+        """A waiter ran another thread's compile."""
         with self._lock:
             self.compiles_avoided += 1
 
@@ -149,12 +150,8 @@ def changes(state: CompileOnce) -> list[Change]:
 
 
 def find() -> _Torch:
-    """What the mechanism needs; NotAvailable on a torch without the layout it knows."""
-    return _find_torch()
-
-
-def _find_torch() -> _Torch:
-    import torch  # noqa: F401
+    """What the mechanism needs; NotAvailable on a torch without a layout it knows
+    (each piece below names the torch generations it tells apart)."""
     try:
         from torch._dynamo import convert_frame, eval_frame, guards
         from torch._dynamo import types as dtypes
@@ -164,6 +161,21 @@ def _find_torch() -> _Torch:
     missing = [n for n in need if not hasattr(convert_frame, n)]
     if missing:
         raise NotAvailable(f"torch._dynamo.convert_frame has no {', '.join(missing)}")
+    cls, call, backend_attr = _callback(convert_frame)
+    guarded_code, guard_attr, wrap, unwrap = _guarded_code(dtypes, guards)
+    if not hasattr(eval_frame, "_debug_get_cache_entry_list"):
+        raise NotAvailable("no way to list a code object's cache entries")
+    standin = _standin(guards)
+    if not hasattr(convert_frame.compile_lock, "_is_owned"):
+        raise NotAvailable("compile_lock cannot tell whether this thread holds it")
+    return _Torch(convert_frame, cls, call, convert_frame.compute_cache_size, backend_attr,
+                  guard_attr, guarded_code, wrap, unwrap, eval_frame._debug_get_cache_entry_list,
+                  standin)
+
+
+def _callback(convert_frame: types.ModuleType) -> tuple[type, Callable, str]:
+    """Dynamo's cache-miss callback: its class, its __call__, where it keeps the
+    compiler it wraps (2.5-2.6: _torchdynamo_orig_callable; later: ..._backend)."""
     cls = convert_frame.CatchErrorsWrapper
     call = cls.__dict__.get("__call__")
     if not isinstance(call, types.FunctionType):
@@ -177,7 +189,12 @@ def _find_torch() -> _Torch:
                          if a in init_names), None)
     if backend_attr is None:
         raise NotAvailable("CatchErrorsWrapper keeps its callback under an unknown name")
+    return cls, call, backend_attr
 
+
+def _guarded_code(dtypes: types.ModuleType, guards: types.ModuleType) -> tuple:
+    """GuardedCode, its guard field (guard_manager, or check_fn on 2.5), and how
+    the callback returns one (wrap_guarded_code's ConvertFrameReturn, or itself)."""
     guarded_code = getattr(dtypes, "GuardedCode", None) or getattr(guards, "GuardedCode", None)
     if guarded_code is None or not dataclasses.is_dataclass(guarded_code):
         raise NotAvailable("no GuardedCode dataclass")
@@ -187,27 +204,22 @@ def _find_torch() -> _Torch:
         raise NotAvailable(f"GuardedCode has fields {sorted(fields)}")
     wrap_fn = getattr(dtypes, "wrap_guarded_code", None)
     if wrap_fn is not None:
-        wrap, unwrap = wrap_fn, lambda r: getattr(r, "guarded_code", None)
-    else:  # the callback returns a GuardedCode or None
-        wrap = lambda g: g  # noqa: E731
-        unwrap = lambda r: r if isinstance(r, guarded_code) else None  # noqa: E731
+        return guarded_code, guard_attr, wrap_fn, lambda r: getattr(r, "guarded_code", None)
+    # the callback returns a GuardedCode or None
+    return (guarded_code, guard_attr, lambda g: g,
+            lambda r: r if isinstance(r, guarded_code) else None)
 
-    if not hasattr(eval_frame, "_debug_get_cache_entry_list"):
-        raise NotAvailable("no way to list a code object's cache entries")
-    all_entries = eval_frame._debug_get_cache_entry_list
 
+def _standin(guards: types.ModuleType) -> type:
+    """The stand-in guard manager's class, built on the wrapper class this torch
+    has (DeletedGuardManagerWrapper; GuardManagerWrapper; 2.5: GuardManager)."""
     deleted = getattr(guards, "DeletedGuardManagerWrapper", None)
     base = deleted or next((c for c in (getattr(guards, n, None) for n in (
         "GuardManagerWrapper", "GuardManager")) if isinstance(c, type)
-        and c.__module__ == guards.__name__), None)  # torch <= 2.5: GuardManager
+        and c.__module__ == guards.__name__), None)
     if base is None:
         raise NotAvailable("no guard manager wrapper class to build a stand-in from")
-    deleted = deleted or getattr(guards, "DeletedGuardFn", None)  # torch <= 2.5: a marker
-    standin = _standin_class(base, getattr(guards, "DeletedGuardManagerWrapper", None))
-    if not hasattr(convert_frame.compile_lock, "_is_owned"):
-        raise NotAvailable("compile_lock cannot tell whether this thread holds it")
-    return _Torch(convert_frame, cls, call, convert_frame.compute_cache_size, backend_attr,
-                  guard_attr, guarded_code, wrap, unwrap, all_entries, standin)
+    return _standin_class(base, deleted)
 
 
 def _check_parameters(fn: Callable, expected: tuple[str, ...], *, exact: bool) -> None:
@@ -353,7 +365,7 @@ def _reuse(t: _Torch, found: tuple[Any, Any, Any]) -> Any:
 
 def _make_callback(state: CompileOnce, t: _Torch) -> Callable:
     original = t.callback_call
-    gate, nested, convert_frame = state.gate, state._nested, t.convert_frame
+    gate, nested, convert_frame = state.gate, state.nested, t.convert_frame
 
     def __call__(self: Any, frame: Any, cache_entry: Any, frame_state: Any) -> Any:
         owned = getattr(convert_frame.compile_lock, "_is_owned", None)  # read as torch does
@@ -371,7 +383,7 @@ def _make_callback(state: CompileOnce, t: _Torch) -> Callable:
                     break  # this thread compiles
                 found = _usable(ticket.result, t, frame, backend)
                 if found is not None:
-                    state._avoided()
+                    state.avoided()
                     return _reuse(t, found)
             nested.depth = 1
             result = original(self, frame, cache_entry, frame_state)

@@ -310,6 +310,8 @@ def preview(**options: bool) -> dict:
             "autograd_workers": _workers(mode, hooks)[1],
             "concurrent_compiles": _concurrent_status(chosen, prepared.concurrent, facts),
             "code_cache": dict(code_cache.last), "preview": True,
+            "waiting": {module: [r.where for r in rows]
+                        for module, rows in sorted(prepared.later.waiting.items())},
             "note": "what install() would do on this torch; nothing was changed"}
 
 

@@ -91,6 +91,9 @@ def _summary(info: dict, verbose: bool) -> str:
              f"install() would run in mode {info['mode']} (FX flag layout: {info['layout']}); "
              "nothing was changed",
              *rows_summary(info["patch_points"], verbose),
+             *([] if not info["waiting"] else [
+                 "waiting rows are applied when their module is imported: " + ", ".join(
+                     f"{module} ({len(rows)})" for module, rows in info["waiting"].items())]),
              f"autograd workers: {info['autograd_workers']}",
              f"concurrent_compiles: {'on' if cc['enabled'] else 'off'}; {cc['tested']}"]
     return "\n".join(lines)

@@ -10,11 +10,14 @@ What a change is, and applying it:
 - ``writers``: who in a package assigns a module global as an attribute;
 - ``import_watch``: rows planned without importing, applied when their module is imported.
 
-Kinds of per-thread state:
+Kinds of rows (each a ``changes.RowKind``: one file, one kind):
 - ``per_thread_globals``: module globals served per thread from the C core's records;
 - ``per_thread_attrs``: class and instance attributes served per thread;
 - ``per_thread_patching``: "patch this for my trace" made to patch only the calling thread;
-- ``overlay``: writes inside a window stay in the writing thread.
+- ``wrapped``: a function whose code runs a body around the original (a lock, a window);
+- ``config_default``: a config entry's default changed for every thread;
+- ``once``, ``shared_window``, ``exact_counters``: below.
+- ``overlay``: writes inside a window stay in the writing thread (used by wrapped rows).
 
 Concurrency primitives:
 - ``compile_gate``: one compile per code object at a time, its result for those who waited;

@@ -167,6 +167,7 @@ class Planner:
         self.readers: dict[int, tuple[types.FunctionType, tuple[FastReader, Any]]] = {}
         self.reader_rows: list[Row] = []  # one per reader function, as status() shows it
         self._emitted: dict[Any, Any] = {}  # what changes() listed, to list only what is new
+        self._code_made: dict[int, types.CodeType] = {}  # id(fn) -> the code changes() gave it
         self._first_slot = 0                 # the first slot of the next changes()
 
     def add(self, row: PerThread) -> Outcome:
@@ -260,8 +261,10 @@ class Planner:
             _, count = rewrite.redirect(fn, names, VIEW, attributes)
         except rewrite.RewriteError as e:
             raise NotCovered(str(e)) from None
-        if count and id(fn) not in self.targets and originals.get_original(fn, "__code__") \
-                is not fn.__code__:  # a later row: its code is recompiled from source
+        if count and fn.__code__ is not self._code_made.get(
+                id(fn), originals.get_original(fn, "__code__")):
+            # Another row changed it since (a row applied before this one's module
+            # came): recompiled from source, this row would undo that row's change.
             raise NotCovered(f"{fn.__qualname__} was changed by a row applied before its "
                              "module's; it stays process-wide")
         if count:
@@ -308,9 +311,10 @@ class Planner:
         if not _core.VECTORCALL_READERS:  # the code route: the reader is the function's namespace
             out += [Change(label, sys.modules[fn.__module__], codegen.namespace_name(fn), reader.read)
                     for _, fn, reader in readers]
-        out += [Change(label, fn, "__code__", self.code_for(fn))
-                for key, (fn, names, attributes) in self.targets.items()
-                if done.get(("code", key)) != (names, attributes, key in self.readers)]
+        for key, (fn, names, attributes) in self.targets.items():
+            if done.get(("code", key)) != (names, attributes, key in self.readers):
+                self._code_made[key] = self.code_for(fn)
+                out.append(Change(label, fn, "__code__", self._code_made[key]))
         if _core.VECTORCALL_READERS:
             out += [Change(label, reader, "function", fn) for _, fn, reader in readers]
         for module, names in self.getattrs.items():

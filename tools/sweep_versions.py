@@ -102,6 +102,10 @@ def sweep_one(version: str, doctor_only: bool) -> dict:
         result["tests_rc"] = rc
         result["tests"] = _find(r"^=*\s*(\d+ (?:passed|failed).*?) in [\d.]+s", out) or _last_line(out)
         result["failed"] = re.findall(r"^FAILED (\S+)", out, re.M)
+    else:  # the last suite run stays on record (the table says its date)
+        saved = RESULTS / f"{version}.json"
+        earlier = json.loads(saved.read_text()) if saved.exists() else {}
+        result.update({k: earlier[k] for k in ("tests_rc", "tests", "failed") if k in earlier})
     return result
 
 

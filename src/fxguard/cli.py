@@ -90,10 +90,7 @@ def _summary(info: dict, verbose: bool) -> str:
     lines = [f"fxguard {info['fxguard']}  torch {info['torch']}  Python {info['python']}",
              f"install() would run in mode {info['mode']} (FX flag layout: {info['layout']}); "
              "nothing was changed",
-             *rows_summary(info["patch_points"], verbose),
-             *([] if not info["waiting"] else [
-                 "waiting rows are applied when their module is imported: " + ", ".join(
-                     f"{module} ({len(rows)})" for module, rows in info["waiting"].items())]),
+             *rows_summary(info["patch_points"], verbose, info["waiting"]),
              f"autograd workers: {info['autograd_workers']}",
              f"concurrent_compiles: {'on' if cc['enabled'] else 'off'}; {cc['tested']}"]
     return "\n".join(lines)

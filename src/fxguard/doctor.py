@@ -164,7 +164,7 @@ def report(rows: list[dict], status: dict, seconds: float, gpu: dict | None = No
                       f"{stock} ({gpu['stock']['seconds']} s)",
                       f"{fixed} ({gpu['fxguard']['seconds']} s)"])
     lines += _table(table)
-    lines += [""] + rows_summary(status["patch_points"], verbose)
+    lines += [""] + rows_summary(status["patch_points"], verbose, status.get("waiting"))
     lines.append(f"autograd workers: {status['autograd_workers']}")
     if status.get("compile_once") is not None:
         c = status["compile_once"]
@@ -178,12 +178,16 @@ def report(rows: list[dict], status: dict, seconds: float, gpu: dict | None = No
 OUTCOMES = ("patched", "waiting", "option off", "not needed", "not available", "not covered")
 
 
-def rows_summary(points: list[dict], verbose: bool) -> list[str]:
-    """One line per kind of outcome; rows fxguard stood down on (not covered) always
-    in full; with ``verbose``, every row (what, where, reason), each on its lines."""
+def rows_summary(points: list[dict], verbose: bool, waiting: dict | None = None) -> list[str]:
+    """One line per kind of outcome, and which modules rows wait for; rows fxguard
+    stood down on (not covered) always in full; with ``verbose``, every row
+    (what, where, reason), each on its lines."""
     counts = {kind: sum(p["outcome"] == kind for p in points) for kind in OUTCOMES}
     lines = ["install(): " + ", ".join(f"{n} {kind}" for kind, n in counts.items() if n)
              + ("" if verbose else "  (--verbose: every row)")]
+    if waiting:
+        lines.append("  waiting rows are applied when their module is imported: " + ", ".join(
+            f"{module} ({len(rows)})" for module, rows in waiting.items()))
     shown = points if verbose else [p for p in points if p["outcome"] == "not covered"]
     for p in shown:
         lines.append(f"  {p['what']}: {p['where']}")

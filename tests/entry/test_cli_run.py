@@ -172,6 +172,7 @@ def test_status_from_a_shell_says_what_install_would_do(tmp_path):
     assert info["torch"] and info["layout"] in ("module-global", "upstream-thread-local")
     assert info["mode"] in ("patched", "upstream-thread-local")
     assert info["patch_points"] and all(r["reason"] for r in info["patch_points"])
+    assert "torch._dynamo" in info["waiting"]  # the RNG row, and compile once where the GIL is on
     proc = run("-m", "fxguard", "status", "--json", "--options", "block_mask_lock=0", cwd=tmp_path)
     rows = {r["what"]: r["reason"] for r in json.loads(proc.stdout)["patch_points"]}
     assert rows["block-mask lock"] == "option off"
@@ -187,6 +188,8 @@ def test_status_summary_and_version(tmp_path):
     lines = proc.stdout.splitlines()
     assert len(lines) <= 12 and "nothing was changed" in proc.stdout
     assert any(line.startswith("install(): ") and " patched" in line for line in lines)
+    # a fresh process has not imported the compiler: its rows wait, and status says for what
+    assert any("applied when their module is imported: torch._dynamo" in line for line in lines)
     verbose = run("-m", "fxguard", "status", "--verbose", cwd=tmp_path).stdout
     assert "torch.fx._symbolic_trace" in verbose and len(verbose.splitlines()) > len(lines)
     import fxguard

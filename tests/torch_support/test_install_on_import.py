@@ -43,8 +43,9 @@ def test_install_right_after_import_torch_imports_no_torch_module():
         print(json.dumps({"new": new, "waiting": waiting}))
     """)
     assert got["new"] == []
-    where = "torch._dynamo.convert_frame.CatchErrorsWrapper.__call__"
-    assert got["waiting"][where] == "waiting for torch._dynamo (applied when it is imported)"
+    where = "torch.nn.attention.flex_attention.create_block_mask"
+    assert got["waiting"][where] == \
+        "waiting for torch.nn.attention.flex_attention (applied when it is imported)"
 
 
 def test_rows_applied_on_import_end_as_a_one_step_install():
@@ -59,12 +60,14 @@ def test_rows_applied_on_import_end_as_a_one_step_install():
 def test_a_row_is_in_place_before_the_import_that_brings_its_module_returns():
     got = _run("""
         fxguard.install()
-        key = ("compile once", "torch._dynamo.convert_frame.CatchErrorsWrapper.__call__")
+        key = ("block-mask lock", "torch.nn.attention.flex_attention.create_block_mask")
         seen = {}
 
         def importer():
-            import torch._dynamo
+            from torch.nn.attention.flex_attention import create_block_mask
             seen["after import"] = outcomes()[key]
+            seen["swapped"] = create_block_mask.__code__ is not \
+                fxguard.get_original(create_block_mask, "__code__")
 
         t = threading.Thread(target=importer)
         t.start()
@@ -80,7 +83,7 @@ def test_a_row_is_in_place_before_the_import_that_brings_its_module_returns():
         [t.join() for t in threads]
         print(json.dumps({**seen, "results": results}))
     """)
-    assert got["after import"] == "patched"
+    assert got["after import"] == "patched" and got["swapped"]
     assert got["results"] == [[2.0, 2.0]] * 2
 
 
@@ -140,9 +143,9 @@ def test_a_failure_on_import_stands_the_rows_down_and_the_import_goes_on():
         import torch._dynamo
         rows = outcomes()
         print(json.dumps({"kept": len(originals.applied()) == before,
-                          "compile once": rows[("compile once",
-                              "torch._dynamo.convert_frame.CatchErrorsWrapper.__call__")],
+                          "rng": rows[("compile keeps others' random numbers",
+                                       "torch.random.set_rng_state")],
                           "dynamo": "torch._dynamo" in sys.modules}))
     """)
     assert got["kept"] and got["dynamo"]
-    assert got["compile once"].startswith("not covered: applying it on import of torch._dynamo")
+    assert got["rng"].startswith("not covered: applying it on import of torch._dynamo")

@@ -7,6 +7,7 @@ import pytest
 from conftest import apply
 from guarded import on_stack, wait_until
 
+from fxguard import interpreter
 from fxguard.machinery import exact_counters, once, overlay, per_thread_attrs, shared_window
 from fxguard.machinery.changes import Outcome
 
@@ -99,6 +100,8 @@ def test_shared_window_enters_the_real_window_once_for_overlapping_users(source_
     assert mod.state == {"on": False, "enters": 1}   # stock: b's exit would leave it on
 
 
+@pytest.mark.skipif(not interpreter.gil_enabled(),
+                    reason="exact under the GIL: each step is one C call (machinery.exact_counters)")
 def test_exact_counters_count_every_step(source_module):
     mod = source_module("import collections\ncounters = collections.defaultdict(collections.Counter)\n"
                         "counters['g']['k'] += 1\n")

@@ -26,6 +26,7 @@ have prepared their batch and called the compiled attention themselves.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import threading
 import time
@@ -36,6 +37,7 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 DRAFTERS, HEADS, DIM, VOCAB = 3, 2, 16, 128
 LENGTHS = (128, 256)  # every drafter goes through each, in its own order
+STUCK_AFTER = 240  # seconds: drafters not done by then are deadlocked (the run takes ~30 s)
 
 attention = torch.compile(flex_attention)  # one compiled function, shared by every drafter
 
@@ -65,6 +67,7 @@ class Report:
         self.errors: list[str] = []
         self.compiling_seen = 0   # is_compiling() True in eager code
         self.drawn: list[tuple] = []  # every batch of random positions drawn
+        self.stuck: list[str] = []    # drafters still running when the run gave up on them
 
     def add(self, **what) -> None:
         with self.lock:
@@ -101,8 +104,8 @@ def run(device: str, steps: int) -> Report:
             return
         first_compile.set()
         for ready in others_ready:
-            ready.wait(120)
-        deadline = time.monotonic() + 120
+            ready.wait(60)
+        deadline = time.monotonic() + 60
         while not all(_waits_for_a_compile(t) for t in others) and time.monotonic() < deadline:
             time.sleep(0.005)
 
@@ -113,7 +116,7 @@ def run(device: str, steps: int) -> Report:
         try:
             with torch.set_grad_enabled(train):
                 if index:  # drafters 1, 2: their first step starts while drafter 0 compiles
-                    first_compile.wait(120)
+                    first_compile.wait(60)
                     step(model, optimizer, LENGTHS[0], device, report, others_ready[index - 1])
                 for i in range(steps):
                     step(model, optimizer, lengths[i % len(lengths)], device, report)
@@ -125,8 +128,10 @@ def run(device: str, steps: int) -> Report:
     others += threads[1:]
     for t in threads:
         t.start()
+    deadline = time.monotonic() + STUCK_AFTER
     for t in threads:
-        t.join(1800)
+        t.join(max(0.0, deadline - time.monotonic()))
+    report.stuck = [t.name for t in threads if t.is_alive()]
     torch._dynamo.callback.callback_handler.remove_start_callback(hold_first_compile)
     return report
 
@@ -163,8 +168,17 @@ def main() -> int:
     print(f"  is_compiling() True in eager code: {report.compiling_seen}")
     print(f"  graphs compiled: {graphs} for {len(LENGTHS)} lengths")
     print(f"  random draws repeated: {repeated} of {len(report.drawn)}")
-    suffered = report.errors or report.compiling_seen or graphs > len(LENGTHS) or repeated
+    if report.stuck:
+        print(f"  stuck: {', '.join(report.stuck)} made no end in {STUCK_AFTER} s "
+              "(deadlocked; stacks on stderr)")
+    suffered = report.errors or report.compiling_seen or graphs > len(LENGTHS) or repeated \
+        or report.stuck
     print("  result: " + ("the drafters suffered from shared trace state" if suffered else "clean"))
+    if report.stuck:  # their threads would hold up the interpreter's exit
+        import faulthandler
+        faulthandler.dump_traceback(all_threads=True)
+        sys.stdout.flush()
+        os._exit(1)
     return 1 if suffered else 0
 
 

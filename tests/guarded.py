@@ -229,3 +229,9 @@ def holding_op(name: str, on_fake):
         on_fake()
         return torch.empty_like(x)
     return hold
+
+
+def apply(changes) -> None:
+    """Apply planned changes (machinery tests: no other thread runs the code)."""
+    from fxguard.machinery import originals
+    originals.apply_all(changes, lambda codes: None)

@@ -30,7 +30,3 @@ def source_module(tmp_path, monkeypatch):
     originals.revert_all(down_to=mark)
     for name in made:
         sys.modules.pop(name, None)
-
-
-def apply(changes) -> None:
-    originals.apply_all(changes, lambda codes: None)

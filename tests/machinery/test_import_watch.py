@@ -47,6 +47,7 @@ def test_no_imports_refuses_a_module_before_it_runs_in_this_thread_only(package)
         assert other["module"].__name__ == f"{PACKAGE}.inner"
         assert importlib.import_module(f"{PACKAGE}.inner") is other["module"]  # imported: served
     assert importlib.import_module(f"{PACKAGE}.wanted")  # after the block: imports as usual
+    assert not any(isinstance(f, import_watch._NoImports) for f in sys.meta_path)  # and it left
     assert package.RAN == ["inner", "wanted"]
 
 

@@ -4,8 +4,7 @@ import collections
 import threading
 
 import pytest
-from conftest import apply
-from guarded import on_stack, wait_until
+from guarded import apply, on_stack, wait_until
 
 from fxguard import interpreter
 from fxguard.machinery import exact_counters, once, overlay, per_thread_attrs, shared_window

@@ -3,7 +3,7 @@ module came later, install on import), torch-free."""
 import types
 
 import pytest
-from conftest import apply
+from guarded import apply
 
 from fxguard.machinery import codegen
 from fxguard.machinery.changes import NotCovered, Outcome

@@ -86,7 +86,8 @@ typedef struct {
     fxg_mutex mutex;
     int mode;                /* an fxg_mode */
     uint64_t epoch;          /* bumped by every _configure() and _extend_layout() */
-    uint64_t base_epoch;     /* the last _configure()'s epoch: since then slots were only added */
+    uint64_t base_epoch;     /* the last _configure()'s epoch: since then slots were only added;
+                              * written and read under `mutex` only (fxg_config_layout) */
     int carry_context;       /* records note their thread's Context (config per thread) */
     PyObject *defaults;      /* tuple: each slot's initial value (NULL: no slots) */
     PyObject *factories;     /* tuple: callable making a fresh initial value, or None */

@@ -84,6 +84,10 @@ def no_imports(package: str) -> Iterator[None]:
         if not nested:
             with _guards_lock:
                 guard.threads.discard(me)
+                if not guard.threads:  # no finder left on every later import of the process
+                    del _guards[package]
+                    with contextlib.suppress(ValueError):
+                        sys.meta_path.remove(guard)
 
 
 class Watcher:

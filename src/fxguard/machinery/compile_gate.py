@@ -27,7 +27,6 @@ import types
 from typing import Any, Iterator
 
 
-
 class Ticket:
     """One compile of one code object."""
 

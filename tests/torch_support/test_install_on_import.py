@@ -17,7 +17,7 @@ pytest.importorskip("torch")
 
 # Modules whose rows wait after a bare `import torch` (every supported torch).
 LATER = ("torch._dynamo", "torch.export._trace", "torch.nn.attention.flex_attention",
-         "torch._functorch.config")
+         "torch._functorch.config", "torch._inductor.compile_fx", "torch._inductor.cudagraph_trees")
 
 OUTCOMES = """
 def outcomes():

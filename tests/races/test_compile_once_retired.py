@@ -170,15 +170,18 @@ def test_a_compile_ended_by_ctrl_c_wakes_its_waiters():
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("mode, compiles", [("default", 1), ("reduce-overhead", 2)])
-def test_cuda_graph_compiles_are_not_shared(mode, compiles):
+@pytest.mark.parametrize("mode, per_thread, compiles", [
+    ("default", True, 1), ("reduce-overhead", True, 1), ("reduce-overhead", False, 2)])
+def test_cuda_graph_compiles_shared_only_with_a_callable_per_thread(mode, per_thread, compiles):
     """torch wraps a CUDA-graph compile after compiling it, in one attribute for
-    every thread that runs it (pytorch#186192): such a compile is not handed to
-    another thread; each compiles its own, as stock.  (On CPU inductor skips
-    the graphs, but the compile is the same kind.)"""
+    every thread that runs it (pytorch#186192): such a compile is handed to
+    another thread only where the row "CUDA-graph callable per thread" makes
+    that attribute give each thread its own graphs; without it each compiles its
+    own, as stock.  (On CPU inductor skips the graphs, but the compile is the
+    same kind.)"""
     from torch._dynamo.utils import counters
     torch._dynamo.reset()
-    fxguard.install()
+    fxguard.install(cuda_graphs_per_thread=per_thread)
     b_thread, entered = {}, threading.Event()
 
     def hold():

@@ -25,7 +25,9 @@ graph one after another, and every copy is a cache entry counted against
    they cost no recompile budget; there is one per waiter that ran a shared
    compile;
 4. compiles torch changes after compiling them (CUDA graphs: ``mode="reduce-overhead"``)
-   are not shared: the callback runs as stock for them (``_changed_after_compile``);
+   are shared only where fxguard's row hands each thread its own CUDA-graph
+   callable (cudagraphs.py); elsewhere the callback runs as stock for them
+   (``_changed_after_compile``);
 5. nothing is kept once the waiters have the result: a later miss that waited
    for nothing compiles, as stock does.  A compile that raises (Ctrl-C too) or
    gives no code hands nothing on, and its waiters compile themselves.
@@ -48,6 +50,7 @@ import threading
 import types
 from typing import Any, Callable
 
+from . import cudagraphs
 from ..machinery.changes import Change, Context, Outcome, Planned, RowKind
 from ..machinery.compile_gate import CompileGate
 
@@ -333,8 +336,11 @@ def _changed_after_compile(backend: Any) -> bool:
     """Compiles torch changes after compiling them, for whoever runs them:
     CUDA graphs wrap the compiled graph in ``CompiledFxGraph.current_callable``,
     one attribute for every thread that runs that compile (pytorch#186192, in
-    every torch up to 2.15).  Such compiles are not shared: each thread
-    compiles its own, as stock."""
+    every torch up to 2.15).  Unless the row "CUDA-graph callable per thread"
+    makes that attribute hand each thread its own graphs, such compiles are not
+    shared: each thread compiles its own, as stock."""
+    if cudagraphs.callable_per_thread_in_place():
+        return False
     config = getattr(backend, "config", None)
     if isinstance(config, dict) and config.get("triton.cudagraphs"):
         return True  # mode="reduce-overhead", or options={"triton.cudagraphs": True}

@@ -27,7 +27,7 @@ import weakref
 from collections import defaultdict
 from typing import Any, Callable
 
-from ..machinery import rewrite
+from ..machinery import originals, rewrite
 from ..machinery.changes import Outcome
 from ..machinery.wrapped import Swap, Wrapped, plain_function
 
@@ -99,7 +99,8 @@ def run_cells(fn: types.FunctionType | None = None) -> tuple[str, ...] | None:
     """The free variables of cudagraphify's nested run(), where they are the
     ones this module knows (one state cell, the rest shared); else None."""
     fn = fn or plain_function(CUDAGRAPHIFY)
-    runs = [c for c in (fn.__code__.co_consts if fn else ()) if
+    code = originals.get_original(fn, "__code__") if fn else None  # not the row's own
+    runs = [c for c in (code.co_consts if code else ()) if
             isinstance(c, types.CodeType) and c.co_name == "run"]
     if len(runs) != 1:
         return None

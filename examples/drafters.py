@@ -26,6 +26,7 @@ have prepared their batch and called the compiled attention themselves.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import threading
@@ -136,10 +137,23 @@ def run(device: str, steps: int) -> Report:
     return report
 
 
+def _frames() -> dict:
+    """sys._current_frames() with the collector paused: on CPython 3.11 a
+    collection it triggers can hang the process (it frees a threading.local
+    under the lock the walk holds)."""
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return sys._current_frames()
+    finally:
+        if paused:
+            gc.enable()
+
+
 def _waits_for_a_compile(thread: threading.Thread) -> bool:
     """The thread is inside dynamo's callback for a cache miss (waiting for the
     compile in flight, or for its own turn)."""
-    frame = sys._current_frames().get(thread.ident)
+    frame = _frames().get(thread.ident)
     while frame is not None:
         name = frame.f_code.co_filename
         if name.endswith(("convert_frame.py", "compile_once.py", "compile_gate.py")):

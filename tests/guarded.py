@@ -4,6 +4,8 @@ import threading
 
 import pytest
 
+from fxguard.machinery.settle import current_frames
+
 
 def torch_races() -> bool:
     """Whether the installed torch keeps the FX-tracing flag process-wide."""
@@ -122,8 +124,7 @@ def apply_way(way: str, monkeypatch, lock_hides: bool) -> dict:
 def held_in(thread, code) -> bool:
     """Whether ``thread``'s innermost Python frame runs ``code`` (a code object,
     or a predicate on frames): where a thread blocks in a C-level wait."""
-    import sys
-    frame = sys._current_frames().get(thread.ident)
+    frame = current_frames().get(thread.ident)
     if frame is None:
         return False
     return code(frame) if callable(code) else frame.f_code is code
@@ -131,8 +132,7 @@ def held_in(thread, code) -> bool:
 
 def on_stack(thread, code) -> bool:
     """Whether any of ``thread``'s Python frames runs ``code``."""
-    import sys
-    frame = sys._current_frames().get(thread.ident)
+    frame = current_frames().get(thread.ident)
     while frame is not None and frame.f_code is not code:
         frame = frame.f_back
     return frame is not None

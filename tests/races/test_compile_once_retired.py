@@ -6,7 +6,6 @@ object, keyed by code equality) failed them: a function never compiled again
 after reset_code_caches(), remove_from_cache() grew stand-ins on every call,
 and a function with code equal to another's ran the other's compile.
 """
-import sys
 import threading
 
 import pytest
@@ -15,6 +14,7 @@ from torch._dynamo.testing import CompileCounter
 
 import fxguard
 from fxguard.machinery import compile_gate
+from fxguard.machinery.settle import current_frames
 from guarded import fresh_function, needs_the_gil_for_compile_once, wait_until
 
 pytestmark = needs_the_gil_for_compile_once
@@ -109,7 +109,7 @@ def test_equal_code_with_other_globals_is_not_shared():
 
 
 def _in_gate(ident) -> bool:
-    frame = sys._current_frames().get(ident)
+    frame = current_frames().get(ident)
     while frame is not None:
         if frame.f_code.co_filename == compile_gate.__file__:
             return True
@@ -120,7 +120,7 @@ def _in_gate(ident) -> bool:
 def _at_compile_lock(ident) -> bool:
     """The thread is past the gate, in torch's own callback (convert_frame.py
     near the top of its stack: where it waits for compile_lock)."""
-    frame, depth = sys._current_frames().get(ident), 0
+    frame, depth = current_frames().get(ident), 0
     while frame is not None and depth < 3:
         if frame.f_code.co_filename.endswith("convert_frame.py"):
             return True

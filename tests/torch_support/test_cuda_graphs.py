@@ -27,7 +27,7 @@ TREES_SHARED = pytest.mark.xfail(strict=True, reason="stock <= 2.12: trees set u
 
 def _install(guard: str) -> None:
     if guard == "on":
-        rows = {r["what"]: r for r in fxguard.install()["patch_points"]}
+        rows = {r["what"]: r for r in fxguard.install(cuda_graphs_per_thread=True)["patch_points"]}
         assert rows["CUDA-graph steps per thread"]["patched"]
 
 
@@ -117,15 +117,15 @@ def test_a_new_thread_gets_its_own_trees(guard):
     assert trees.get_container(0) is mine
 
 
-def test_option_off_keeps_stock():
-    rows = {r["what"]: r for r in fxguard.install(cuda_graphs_per_thread=False)["patch_points"]}
+def test_option_off_by_default_keeps_stock():
+    rows = {r["what"]: r for r in fxguard.install()["patch_points"]}
     assert rows["CUDA-graph steps per thread"]["reason"] == "option off"
     in_thread(trees.mark_step_begin)
     assert Manager.user_invoked_mark_step()  # stock: the other thread's mark
 
 
 def test_uninstall_restores_process_wide_counters():
-    fxguard.install()
+    fxguard.install(cuda_graphs_per_thread=True)
     trees.mark_step_begin()
     fxguard.uninstall()
     assert not Manager.user_invoked_mark_step()  # stock's counter, untouched meanwhile

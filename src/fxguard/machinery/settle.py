@@ -13,6 +13,7 @@ GIL off that walk is not safe (it crashed on 3.13t), so there it is skipped.
 """
 from __future__ import annotations
 
+import gc
 import sys
 import threading
 import time
@@ -22,13 +23,31 @@ from typing import Iterable
 from .. import interpreter
 
 
+_walk = threading.Lock()
+
+
+def current_frames() -> dict[int, types.FrameType]:
+    """sys._current_frames() with the collector paused.  CPython 3.11 makes the
+    frame objects while it holds the thread-state list's lock; a collection
+    they trigger that frees a threading.local takes that lock again and the
+    process hangs (seen in the suite on 3.11.7)."""
+    with _walk:
+        paused = gc.isenabled()
+        gc.disable()
+        try:
+            return sys._current_frames()
+        finally:
+            if paused:
+                gc.enable()
+
+
 def threads_running(codes: Iterable[types.CodeType]) -> list[str]:
     """Names of the other threads with a frame of one of ``codes`` on their stack."""
     wanted = {id(code) for code in codes}
     me = threading.get_ident()
     names = {t.ident: t.name for t in threading.enumerate()}
     busy = []
-    for ident, frame in sys._current_frames().items():
+    for ident, frame in current_frames().items():
         if ident == me:
             continue
         while frame is not None:

@@ -1,0 +1,283 @@
+"""Small drafters in threads, with the step a user who wants speed writes.
+
+A drafter-like model of our own (embedding, 2 layers with ``flex_attention``,
+LM head, loss in the graph; B=2, lengths 256 and 512 in turn), training on one
+GPU.  Two steps:
+
+- *fast*: ``create_block_mask(..., _compile=True)``, the model under
+  ``torch.compile(mode="reduce-overhead")`` (CUDA graphs), ``AdamW.step``
+  compiled;
+- *plain*: the model under ``torch.compile`` (default mode), mask creation and
+  optimizer eager.
+
+Modes, each in fresh processes with empty compile caches:
+``threads-fast`` (3 threads, fxguard), ``threads-plain`` (3 threads, fxguard),
+``one-plain`` (1 thread), ``processes-fast`` (3 processes, one drafter each,
+stock torch: what threads replace), ``threads-fast-stock`` (3 threads, no
+fxguard).  Figures: time until every drafter ran every length, then a window
+in which all run: steps per second (all drafters together), CPU seconds per
+step, fairness (slowest drafter's steps ÷ fastest's), errors, and the GPU
+memory in use at peak (the parent polls the device; CUDA contexts included).
+
+    python benchmarks/cuda_graph_drafters.py [--modes ...] [--seconds 20] [--json out.json] [--save]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import _harness
+
+MODES = ("threads-fast", "threads-plain", "one-plain", "processes-fast", "threads-fast-stock")
+LENGTHS = (256, 512)
+BATCH, VOCAB, HIDDEN, HEADS, LAYERS = 2, 4096, 256, 4, 2
+
+
+def build(torch, seed: int):
+    from torch import nn
+    from torch.nn.attention.flex_attention import flex_attention
+
+    class Layer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm1, self.norm2 = nn.RMSNorm(HIDDEN), nn.RMSNorm(HIDDEN)
+            self.qkv, self.out = nn.Linear(HIDDEN, 3 * HIDDEN), nn.Linear(HIDDEN, HIDDEN)
+            self.mlp = nn.Sequential(nn.Linear(HIDDEN, 4 * HIDDEN), nn.GELU(), nn.Linear(4 * HIDDEN, HIDDEN))
+
+        def forward(self, x, block_mask):
+            b, s, _ = x.shape
+            q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, HEADS, HIDDEN // HEADS).permute(2, 0, 3, 1, 4)
+            a = flex_attention(q, k, v, block_mask=block_mask)
+            x = x + self.out(a.transpose(1, 2).reshape(b, s, HIDDEN))
+            return x + self.mlp(self.norm2(x))
+
+    class Drafter(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(VOCAB, HIDDEN)
+            self.layers = nn.ModuleList(Layer() for _ in range(LAYERS))
+            self.norm, self.head = nn.RMSNorm(HIDDEN), nn.Linear(HIDDEN, VOCAB)
+
+        def forward(self, ids, labels, block_mask):
+            x = self.embed(ids)
+            for layer in self.layers:
+                x = layer(x, block_mask)
+            logits = self.head(self.norm(x))
+            return nn.functional.cross_entropy(logits.view(-1, VOCAB), labels.view(-1))
+
+    torch.manual_seed(seed)
+    return Drafter().cuda()
+
+
+def causal(b, h, q, kv):
+    return q >= kv
+
+
+class Drafters:
+    """n drafters stepping in threads of this process; counts per drafter."""
+
+    def __init__(self, n: int, fast: bool) -> None:
+        import torch
+        self.torch, self.n, self.fast = torch, n, fast
+        self.steps, self.cpu = [0] * n, [0.0] * n
+        self.all_lengths: dict[int, float] = {}
+        self.errors: list[str] = []
+        self.stop = threading.Event()
+        self.start = time.perf_counter()
+
+    def run(self, i: int) -> None:
+        torch = self.torch
+        from torch.nn.attention.flex_attention import create_block_mask
+        torch.cuda.set_device(0)
+        model = build(torch, seed=i)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        if self.fast:
+            forward = torch.compile(model, mode="reduce-overhead", dynamic=False)
+            opt_step = torch.compile(opt.step)
+        else:
+            forward, opt_step = torch.compile(model, dynamic=False), opt.step
+        seen, n = set(), 0
+        while not self.stop.is_set():
+            length = LENGTHS[n % len(LENGTHS)]
+            n += 1
+            ids = torch.randint(0, VOCAB, (BATCH, length), device="cuda")
+            try:
+                mask = create_block_mask(causal, BATCH, None, length, length, device="cuda",
+                                         _compile=self.fast)
+                loss = forward(ids, ids, mask)
+                loss.backward()
+                opt_step()
+                opt.zero_grad(set_to_none=True)
+                loss.item()  # the step's end (a drafter reads its loss)
+            except Exception as e:  # counted, the drafter goes on
+                self.errors.append(_harness.error_kind(e))
+                if len(self.errors) > 100:
+                    self.stop.set()
+            self.steps[i] += 1
+            self.cpu[i] = time.thread_time()
+            seen.add(length)
+            if len(seen) == len(LENGTHS) and i not in self.all_lengths and n > 2 * len(LENGTHS):
+                self.all_lengths[i] = time.perf_counter() - self.start
+
+
+def child(mode: str, threads: int, seconds: float, out: str, ready_dir: str | None) -> None:
+    import torch
+    if mode in ("threads-fast", "threads-plain", "one-plain"):
+        import fxguard
+        fxguard.install()
+    drafters = Drafters(threads, fast="fast" in mode)
+    workers = [threading.Thread(target=drafters.run, args=(i,), daemon=True) for i in range(threads)]
+    for t in workers:
+        t.start()
+    deadline = time.perf_counter() + 400
+    while len(drafters.all_lengths) < threads and not drafters.stop.is_set() and time.perf_counter() < deadline:
+        time.sleep(0.05)
+    if ready_dir:  # processes: every one starts its window together
+        open(os.path.join(ready_dir, str(os.getpid())), "w").close()
+        while len(os.listdir(ready_dir)) < int(os.environ["DRAFTER_PROCESSES"]) and time.perf_counter() < deadline:
+            time.sleep(0.05)
+    steps0, cpu0, t0 = list(drafters.steps), list(drafters.cpu), time.perf_counter()
+    time.sleep(seconds)
+    steps1, cpu1, t1 = list(drafters.steps), list(drafters.cpu), time.perf_counter()
+    if ready_dir:
+        time.sleep(2)  # keep stepping while the others end their windows
+    drafters.stop.set()
+    for t in workers:
+        t.join(60)
+    window = [b - a for a, b in zip(steps0, steps1)]
+    cpu = sum(b - a for a, b in zip(cpu0, cpu1))
+    result = {
+        "mode": mode, "drafters": threads, "steps_in_window": window, "window_s": round(t1 - t0, 2),
+        "time_until_all_lengths_s": (round(max(drafters.all_lengths.values()), 2)
+                                     if len(drafters.all_lengths) == threads else None),
+        "cpu_s_per_step": round(cpu / max(sum(window), 1), 5),
+        "errors": len(drafters.errors), "error_kinds": sorted(set(drafters.errors))[:5],
+        "graphs": int(torch._dynamo.utils.counters["stats"]["unique_graphs"]),
+    }
+    with open(out, "w") as f:
+        json.dump(result, f)
+
+
+class DevicePeak:
+    """GPU memory in use (every process, contexts included) at its peak while
+    a mode runs, above what was in use before it started."""
+
+    def __init__(self) -> None:
+        import torch
+        self.torch = torch
+        self.base = self._used()
+        self.peak = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+        self.thread.start()
+
+    def _used(self) -> int:
+        free, total = self.torch.cuda.mem_get_info(0)
+        return total - free
+
+    def _poll(self) -> None:
+        while not self.stop.wait(0.2):
+            self.peak = max(self.peak, self._used() - self.base)
+
+    def end(self) -> float:
+        self.stop.set()
+        self.thread.join()
+        return round(self.peak / 2**30, 2)
+
+
+def run_mode(mode: str, seconds: float) -> dict:
+    argv = ["--seconds", str(seconds)]
+    peak = DevicePeak()
+    if mode != "processes-fast":
+        n = 1 if mode == "one-plain" else 3
+        result = _harness.in_fresh_process(__file__, ["--child", mode, "--threads", str(n), *argv],
+                                           timeout=seconds + 600)
+        result = result if "status" not in result else {"mode": mode, **result}
+    else:
+        result = _processes(mode, argv, seconds)
+    result["gpu_used_peak_gib"] = peak.end()
+    if "steps_in_window" in result:
+        window = result["steps_in_window"]
+        result["steps_per_s"] = round(sum(window) / result["window_s"], 2)
+        result["fairness"] = round(min(window) / max(window), 3) if max(window) else None
+    return result
+
+
+def _processes(mode: str, argv: list[str], seconds: float, n: int = 3) -> dict:
+    """n processes, one drafter each, windows started together; their figures summed."""
+    with tempfile.TemporaryDirectory(prefix="fxguard-drafters-") as tmp:
+        ready = os.path.join(tmp, "ready")
+        os.mkdir(ready)
+        procs, outs = [], []
+        for i in range(n):
+            caches = {var: os.path.join(tmp, f"{i}-{name}") for name, var in _harness.CACHES.items()}
+            outs.append(os.path.join(tmp, f"{i}.json"))
+            procs.append(subprocess.Popen(
+                [sys.executable, __file__, "--child", "processes-fast", "--threads", "1", *argv,
+                 "--ready-dir", ready, "--out", outs[-1]],
+                env=dict(os.environ, DRAFTER_PROCESSES=str(n), **caches),
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        tails = [p.communicate(timeout=seconds + 600)[0][-1500:] for p in procs]
+        if not all(os.path.exists(o) for o in outs):
+            return {"mode": mode, "status": "failed", "detail": "\n".join(tails)}
+        parts = [json.load(open(o)) for o in outs]
+    steps = [p["steps_in_window"][0] for p in parts]
+    return {"mode": mode, "drafters": n, "steps_in_window": steps,
+            "window_s": max(p["window_s"] for p in parts),
+            "time_until_all_lengths_s": max(p["time_until_all_lengths_s"] or 1e9 for p in parts),
+            "cpu_s_per_step": round(sum(p["cpu_s_per_step"] * s for p, s in zip(parts, steps))
+                                    / max(sum(steps), 1), 5),
+            "errors": sum(p["errors"] for p in parts),
+            "error_kinds": sorted({k for p in parts for k in p["error_kinds"]})[:5],
+            "graphs": sum(p["graphs"] for p in parts)}
+
+
+def ratios(modes: dict) -> dict:
+    def rate(name: str) -> float | None:
+        return modes.get(name, {}).get("steps_per_s")
+
+    def mem(name: str) -> float | None:
+        return modes.get(name, {}).get("gpu_used_peak_gib")
+    out = {}
+    for key, a, b, f in (("fast_vs_plain_threads", "threads-fast", "threads-plain", rate),
+                         ("fast_threads_vs_one_plain", "threads-fast", "one-plain", rate),
+                         ("fast_threads_vs_processes", "threads-fast", "processes-fast", rate),
+                         ("gpu_memory_threads_vs_processes", "threads-fast", "processes-fast", mem)):
+        if f(a) and f(b):
+            out[key] = round(f(a) / f(b), 3)
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--seconds", type=float, default=20)
+    p.add_argument("--threads", type=int, default=3)
+    p.add_argument("--child")
+    p.add_argument("--out")
+    p.add_argument("--ready-dir")
+    _harness.add_output_options(p)
+    args = p.parse_args()
+    if args.child:
+        child(args.child, args.threads, args.seconds, args.out, args.ready_dir)
+        return 0
+    report = {**_harness.envelope("cuda_graph_drafters", import_torch=True),
+              "args": {"seconds": args.seconds, "modes": args.modes}, "modes": {}}
+    output = _harness.Output(args)
+    for mode in args.modes.split(","):
+        report["modes"][mode] = run_mode(mode, args.seconds)
+        print(json.dumps(report["modes"][mode]), flush=True)
+        report["ratios"] = ratios(report["modes"])
+        output.write(report)  # after each mode: a cut-off run keeps what it measured
+    print(json.dumps(report["ratios"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -242,3 +242,19 @@ def test_a_single_threaded_trainers_step_mark_reaches_its_backward(guard):
     Probe.apply(x).sum().backward()
     assert seen["thread"] != threading.get_ident()  # it did run on the worker
     assert seen["marked"] and seen["generation"] == Manager.get_curr_generation()
+
+
+def test_a_changed_function_stands_the_row_down_with_a_warning(monkeypatch, caplog):
+    """On a torch whose mark_step_begin is not the one fxguard knows, the steps
+    row stands down (WARNING) and touches nothing; the other rows go on."""
+    def mark_step_begin():
+        trees.MarkStepBox.mark_step_counter -= 2
+    monkeypatch.setattr(trees.mark_step_begin, "__code__", mark_step_begin.__code__)
+    changed = trees.mark_step_begin.__code__
+    with caplog.at_level("WARNING", logger="fxguard"):
+        rows = {r["what"]: r for r in fxguard.install(cuda_graphs_per_thread=True)["patch_points"]}
+    assert rows["CUDA-graph steps per thread"]["reason"].startswith("not covered")
+    assert "mark_step_begin" in caplog.text
+    assert trees.mark_step_begin.__code__ is changed
+    assert rows["CUDA-graph callable per thread"]["patched"]
+    fxguard.uninstall()

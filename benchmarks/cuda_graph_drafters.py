@@ -20,6 +20,10 @@ step, fairness (slowest drafter's steps ÷ fastest's), errors, and the GPU
 memory in use at peak (the parent polls the device; CUDA contexts included).
 
     python benchmarks/cuda_graph_drafters.py [--modes ...] [--seconds 20] [--json out.json] [--save]
+
+``--device cpu`` runs the same steps on the CPU (inductor skips CUDA graphs
+there): a check that the script and the fast step's pieces work in threads,
+not a figure to record (``--save`` refuses it).
 """
 from __future__ import annotations
 
@@ -39,7 +43,7 @@ LENGTHS = (256, 512)
 BATCH, VOCAB, HIDDEN, HEADS, LAYERS = 2, 4096, 256, 4, 2
 
 
-def build(torch, seed: int):
+def build(torch, seed: int, device: str):
     from torch import nn
     from torch.nn.attention.flex_attention import flex_attention
 
@@ -53,6 +57,8 @@ def build(torch, seed: int):
         def forward(self, x, block_mask):
             b, s, _ = x.shape
             q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, HEADS, HIDDEN // HEADS).permute(2, 0, 3, 1, 4)
+            if device == "cpu":  # flex_attention has no backward on the CPU
+                q, k, v = q.detach(), k.detach(), v.detach()
             a = flex_attention(q, k, v, block_mask=block_mask)
             x = x + self.out(a.transpose(1, 2).reshape(b, s, HIDDEN))
             return x + self.mlp(self.norm2(x))
@@ -72,7 +78,7 @@ def build(torch, seed: int):
             return nn.functional.cross_entropy(logits.view(-1, VOCAB), labels.view(-1))
 
     torch.manual_seed(seed)
-    return Drafter().cuda()
+    return Drafter().to(device)
 
 
 def causal(b, h, q, kv):
@@ -82,9 +88,9 @@ def causal(b, h, q, kv):
 class Drafters:
     """n drafters stepping in threads of this process; counts per drafter."""
 
-    def __init__(self, n: int, fast: bool) -> None:
+    def __init__(self, n: int, fast: bool, device: str) -> None:
         import torch
-        self.torch, self.n, self.fast = torch, n, fast
+        self.torch, self.n, self.fast, self.device = torch, n, fast, device
         self.steps, self.cpu = [0] * n, [0.0] * n
         self.all_lengths: dict[int, float] = {}
         self.errors: list[str] = []
@@ -94,8 +100,9 @@ class Drafters:
     def run(self, i: int) -> None:
         torch = self.torch
         from torch.nn.attention.flex_attention import create_block_mask
-        torch.cuda.set_device(0)
-        model = build(torch, seed=i)
+        if self.device == "cuda":
+            torch.cuda.set_device(0)
+        model = build(torch, seed=i, device=self.device)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         if self.fast:
             forward = torch.compile(model, mode="reduce-overhead", dynamic=False)
@@ -106,9 +113,9 @@ class Drafters:
         while not self.stop.is_set():
             length = LENGTHS[n % len(LENGTHS)]
             n += 1
-            ids = torch.randint(0, VOCAB, (BATCH, length), device="cuda")
+            ids = torch.randint(0, VOCAB, (BATCH, length), device=self.device)
             try:
-                mask = create_block_mask(causal, BATCH, None, length, length, device="cuda",
+                mask = create_block_mask(causal, BATCH, None, length, length, device=self.device,
                                          _compile=self.fast)
                 loss = forward(ids, ids, mask)
                 loss.backward()
@@ -126,12 +133,13 @@ class Drafters:
                 self.all_lengths[i] = time.perf_counter() - self.start
 
 
-def child(mode: str, threads: int, seconds: float, out: str, ready_dir: str | None) -> None:
+def child(mode: str, threads: int, seconds: float, out: str, ready_dir: str | None,
+          device: str) -> None:
     import torch
     if mode in ("threads-fast", "threads-plain", "one-plain"):
         import fxguard
         fxguard.install()
-    drafters = Drafters(threads, fast="fast" in mode)
+    drafters = Drafters(threads, fast="fast" in mode, device=device)
     workers = [threading.Thread(target=drafters.run, args=(i,), daemon=True) for i in range(threads)]
     for t in workers:
         t.start()
@@ -168,9 +176,12 @@ class DevicePeak:
     """GPU memory in use (every process, contexts included) at its peak while
     a mode runs, above what was in use before it started."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: str) -> None:
         import torch
         self.torch = torch
+        if device != "cuda":
+            self.peak, self.thread = None, None
+            return
         self.base = self._used()
         self.peak = 0
         self.stop = threading.Event()
@@ -185,15 +196,17 @@ class DevicePeak:
         while not self.stop.wait(0.2):
             self.peak = max(self.peak, self._used() - self.base)
 
-    def end(self) -> float:
+    def end(self) -> float | None:
+        if self.thread is None:
+            return None
         self.stop.set()
         self.thread.join()
         return round(self.peak / 2**30, 2)
 
 
-def run_mode(mode: str, seconds: float) -> dict:
-    argv = ["--seconds", str(seconds)]
-    peak = DevicePeak()
+def run_mode(mode: str, seconds: float, device: str) -> dict:
+    argv = ["--seconds", str(seconds), "--device", device]
+    peak = DevicePeak(device)
     if mode != "processes-fast":
         n = 1 if mode == "one-plain" else 3
         result = _harness.in_fresh_process(__file__, ["--child", mode, "--threads", str(n), *argv],
@@ -262,16 +275,20 @@ def main() -> int:
     p.add_argument("--child")
     p.add_argument("--out")
     p.add_argument("--ready-dir")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     _harness.add_output_options(p)
     args = p.parse_args()
     if args.child:
-        child(args.child, args.threads, args.seconds, args.out, args.ready_dir)
+        child(args.child, args.threads, args.seconds, args.out, args.ready_dir, args.device)
         return 0
+    if args.device != "cuda" and args.save:
+        p.error("--save records GPU figures; --device cpu is a check only")
     report = {**_harness.envelope("cuda_graph_drafters", import_torch=True),
-              "args": {"seconds": args.seconds, "modes": args.modes}, "modes": {}}
+              "args": {"seconds": args.seconds, "modes": args.modes, "device": args.device},
+              "modes": {}}
     output = _harness.Output(args)
     for mode in args.modes.split(","):
-        report["modes"][mode] = run_mode(mode, args.seconds)
+        report["modes"][mode] = run_mode(mode, args.seconds, args.device)
         print(json.dumps(report["modes"][mode]), flush=True)
         report["ratios"] = ratios(report["modes"])
         output.write(report)  # after each mode: a cut-off run keeps what it measured

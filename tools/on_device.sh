@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# What the lent GPU machine runs, one call per step (10 minutes a call; the
+# machine keeps the build while warm).  Output and reports go under $OUT.
+#   tools/on_device.sh build          build and install fxguard into python3
+#   tools/on_device.sh tests [ARGS]   the GPU tests (default: -m gpu), from outside the checkout
+#   tools/on_device.sh bench MODES    benchmarks/cuda_graph_drafters.py --save for MODES
+# Each step runs under `timeout` so a call ends with what it measured.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD
+out=${OUT:-/tmp/fxguard-device}
+mkdir -p "$out"
+step=${1:?build, tests or bench}
+shift
+case "$step" in
+  build)
+    nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$out/gpu.txt"
+    python3 -c 'import torch, sys; print(torch.__version__, sys.version.split()[0], torch.cuda.is_available())'
+    timeout 300 python3 -m pip install -q --no-build-isolation . 2>&1 | tail -5
+    (cd /tmp && python3 -m fxguard doctor 2>&1 | tail -15) | tee "$out/doctor.txt"
+    ;;
+  tests)
+    [ $# -gt 0 ] || set -- -m gpu
+    (cd /tmp && timeout 540 python3 -m pytest -q -p no:cacheprovider -rxXs \
+       --junitxml="$out/gpu-tests.xml" "$repo/tests" "$@" 2>&1 | tail -40) | tee "$out/gpu-tests.txt"
+    ;;
+  bench)
+    modes=${1:?modes, comma-separated}
+    timeout 560 python3 benchmarks/cuda_graph_drafters.py --modes "$modes" --seconds "${SECONDS_WINDOW:-15}" \
+      --save --json "$out/cuda_graph_drafters-${modes//,/_}.json" 2>&1 | tail -20
+    cp -r benchmarks/results "$out/results" 2>/dev/null
+    ;;
+  *) echo "unknown step: $step" >&2; exit 2 ;;
+esac

@@ -30,3 +30,24 @@ def test_concurrent_compile_writes_complete_json_with_zero_errors(tmp_path):
     assert mode["status"] == "ok" and mode["errors"] == 0, mode.get("error_kinds")
     assert mode["train"] is False  # CPU flex_attention has no backward: forward-only, and it says so
     assert all(n > 0 for n in mode["steps_per_thread"])
+
+
+DRAFTERS = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "cuda_graph_drafters.py")
+
+
+@pytest.mark.skipif(tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13),
+                    reason="torch <= 2.12 on CPU: inductor's C++ codegen of flex_attention fails")
+def test_fast_drafter_step_runs_in_three_threads_on_cpu(tmp_path):
+    """The fast step's pieces (compiled create_block_mask, compiled model, compiled
+    AdamW.step) in 3 threads with fxguard; on the CPU inductor skips CUDA graphs."""
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, DRAFTERS, "--device", "cpu", "--modes", "threads-fast",
+                           "--seconds", "1", "--json", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["args"]["device"] == "cpu"
+    mode = report["modes"]["threads-fast"]
+    assert mode["errors"] == 0, mode.get("error_kinds")
+    assert mode["time_until_all_lengths_s"] is not None, mode  # every drafter ran every length
+    assert len(mode["steps_in_window"]) == 3 and mode["gpu_used_peak_gib"] is None

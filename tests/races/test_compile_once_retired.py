@@ -171,14 +171,16 @@ def test_a_compile_ended_by_ctrl_c_wakes_its_waiters():
 
 
 @pytest.mark.parametrize("mode, per_thread, compiles", [
-    ("default", True, 1), ("reduce-overhead", True, 1), ("reduce-overhead", False, 2)])
+    ("default", True, 1), ("reduce-overhead", True, 1), ("reduce-overhead", False, 2),
+    ("cudagraphs-backend", True, 2)])
 def test_cuda_graph_compiles_shared_only_with_a_callable_per_thread(mode, per_thread, compiles):
     """torch wraps a CUDA-graph compile after compiling it, in one attribute for
     every thread that runs it (pytorch#186192): such a compile is handed to
     another thread only where the row "CUDA-graph callable per thread" makes
     that attribute give each thread its own graphs; without it each compiles its
-    own, as stock.  (On CPU inductor skips the graphs, but the compile is the
-    same kind.)"""
+    own, as stock.  Dynamo's backend="cudagraphs" keeps its own callable per
+    compile, which no row makes per thread: never shared.  (On CPU the graphs
+    are skipped, but the compile is the same kind.)"""
     from torch._dynamo.utils import counters
     torch._dynamo.reset()
     fxguard.install(cuda_graphs_per_thread=per_thread)
@@ -194,7 +196,8 @@ def test_cuda_graph_compiles_shared_only_with_a_callable_per_thread(mode, per_th
     from guarded import holding_op
     held = holding_op(f"fxguard_test::cuda_graph_{mode.replace('-', '_')}", hold)
     f = fresh_function("def f(x):\n    return held(x) + 1\n", namespace={"held": held})
-    compiled = torch.compile(f, mode=None if mode == "default" else mode)
+    compiled = (torch.compile(f, backend="cudagraphs") if mode == "cudagraphs-backend" else
+                torch.compile(f, mode=None if mode == "default" else mode))
     counters.clear()
     results = []
     ta = threading.Thread(target=lambda: results.append(compiled(torch.ones(2)).tolist()),

@@ -332,6 +332,12 @@ def _live(g: Any, t: _Torch, code: types.CodeType) -> bool:
     return any(_guard_of(e, t) is guard for e in t.all_entries(code))
 
 
+# Backends that graph outside inductor: dynamo's ``backend="cudagraphs"`` keeps
+# one callable cache per compile, bound to the first caller's tree (no row of
+# fxguard makes it per thread).
+GRAPHING_BACKENDS = frozenset({"torch._dynamo.backends.cudagraphs"})
+
+
 def _changed_after_compile(backend: Any) -> bool:
     """Compiles torch changes after compiling them, for whoever runs them:
     CUDA graphs wrap the compiled graph in ``CompiledFxGraph.current_callable``,
@@ -339,6 +345,9 @@ def _changed_after_compile(backend: Any) -> bool:
     every torch up to 2.15).  Unless the row "CUDA-graph callable per thread"
     makes that attribute hand each thread its own graphs, such compiles are not
     shared: each thread compiles its own, as stock."""
+    compiler = getattr(backend, "compiler_fn", backend)  # torch.compile's wrapper of a named backend
+    if getattr(compiler, "__module__", None) in GRAPHING_BACKENDS:
+        return True
     if cudagraphs.callable_per_thread_in_place():
         return False
     config = getattr(backend, "config", None)

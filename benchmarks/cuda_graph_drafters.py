@@ -109,11 +109,15 @@ class Drafters:
             opt_step = torch.compile(opt.step)
         else:
             forward, opt_step = torch.compile(model, dynamic=False), opt.step
+        # Each drafter's data from a generator of its own (as a drafter's own stream):
+        # torch <= 2.11 fails a draw from the default CUDA generator while another
+        # thread records a graph (docs/cuda-graphs.md).
+        data = torch.Generator(device=self.device).manual_seed(1000 + i)
         seen, n = set(), 0
         while not self.stop.is_set():
             length = LENGTHS[n % len(LENGTHS)]
             n += 1
-            ids = torch.randint(0, VOCAB, (BATCH, length), device=self.device)
+            ids = torch.randint(0, VOCAB, (BATCH, length), device=self.device, generator=data)
             try:
                 mask = create_block_mask(causal, BATCH, None, length, length, device=self.device,
                                          _compile=self.fast)

@@ -141,14 +141,16 @@ def on_gpu(test):
 
 
 def _mlp(seed: int):
+    """Made in the main thread: initialisation draws from torch's one CPU generator."""
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(),
                                torch.nn.Linear(128, 64)).cuda()
 
 
-def train(seed: int, steps: int = 8) -> list[float]:
-    """An MLP trained under reduce-overhead: its losses and a checksum of its weights."""
-    model = _mlp(seed)
+def train(model, seed: int, steps: int = 8) -> list[float]:
+    """An MLP trained under reduce-overhead: its losses and a checksum of its weights.
+    Its data come from a generator of its own: on torch <= 2.11 a draw from the
+    default CUDA generator fails while another thread records a graph."""
     compiled = torch.compile(model, mode="reduce-overhead")
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     g = torch.Generator(device="cuda").manual_seed(seed)
@@ -169,14 +171,15 @@ def train(seed: int, steps: int = 8) -> list[float]:
 def test_threads_train_under_reduce_overhead_as_alone(guard):
     _install(guard)
     torch._dynamo.reset()
-    alone = {seed: train(seed) for seed in (1, 2, 3)}
+    alone = {seed: train(_mlp(seed), seed) for seed in (1, 2, 3)}
     torch._dynamo.reset()
+    models = {seed: _mlp(seed) for seed in (1, 2, 3)}
     barrier, together, errors = threading.Barrier(3), {}, []
 
     def drafter(seed):
         barrier.wait()
         try:
-            together[seed] = train(seed)
+            together[seed] = train(models[seed], seed)
         except Exception as e:  # noqa: BLE001  (reported below)
             errors.append(f"{type(e).__name__}: {e}")
     threads = [threading.Thread(target=drafter, args=(s,)) for s in (1, 2, 3)]

@@ -15,6 +15,7 @@ import torch
 import torch._inductor.cudagraph_trees as trees
 
 import fxguard
+from fxguard.torch_support import cudagraphs as fxguard_cudagraphs
 from fxguard.torch_support.cudagraphs import lane_getter
 from guarded import fresh_function
 
@@ -247,17 +248,78 @@ def test_a_single_threaded_trainers_step_mark_reaches_its_backward(guard):
     assert seen["marked"] and seen["generation"] == Manager.get_curr_generation()
 
 
-def test_a_changed_function_stands_the_row_down_with_a_warning(monkeypatch, caplog):
-    """On a torch whose mark_step_begin is not the one fxguard knows, the steps
-    row stands down (WARNING) and touches nothing; the other rows go on."""
-    def mark_step_begin():
-        trees.MarkStepBox.mark_step_counter -= 2
-    monkeypatch.setattr(trees.mark_step_begin, "__code__", mark_step_begin.__code__)
-    changed = trees.mark_step_begin.__code__
+class CpuInBackward(torch.autograd.Function):
+    """x * 2 whose backward has a CPU op: with graph partitions off, inductor
+    graphs the forward and not the backward (torch's [Backward Generation Handling])."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (grad.cpu() * 2).to(grad.device)
+
+
+def _pending_after_backward(f) -> bool:
+    """One step of f in this thread; whether this thread's tree manager still
+    waits for a backward after the backward ran."""
+    x = torch.ones(8, device="cuda", requires_grad=True)
+    for _ in range(3):  # warm-up, recording, replay
+        f(x).sum().backward()
+    return trees.get_manager(torch.cuda.current_device(),
+                             create_if_none_exists=False).running_forwards_with_pending_backwards
+
+
+@on_gpu
+@pytest.mark.skipif(not fxguard_cudagraphs.plain_function(fxguard_cudagraphs.BACKWARD_GENERATION),
+                    reason="torch <= 2.7: the marking is inline in cudagraph_post_compile")
+@pytest.mark.parametrize("guard", [pytest.param("off", marks=pytest.mark.xfail(
+    strict=True, reason="stock: the backward tells the compiling thread's manager")), "on"])
+def test_a_backward_not_graphed_tells_its_own_threads_trees(guard):
+    """Two threads run one compile whose backward is not graphed: each thread's
+    backward must reach its own tree manager (else that thread's trees wait for
+    a backward forever and re-record)."""
+    _install(guard)
+    torch._dynamo.reset()
+    f = torch.compile(fresh_function("def f(x):\n    return CpuInBackward.apply(x) + 1\n",
+                                     namespace={"CpuInBackward": CpuInBackward}),
+                      mode="reduce-overhead")
+    from torch._dynamo.utils import counters
+    counters.clear()
+    with torch._inductor.config.patch(graph_partition=False):
+        first = in_thread(lambda: _pending_after_backward(f))
+        second = in_thread(lambda: _pending_after_backward(f))
+    assert counters["inductor"]["cudagraph_skips"] >= 1, "the backward was graphed: no test"
+    assert (first, second) == (False, False)
+
+
+def _changed_mark_step_begin():
+    trees.MarkStepBox.mark_step_counter -= 2
+
+
+def _changed_backward_generation(compiled_graph, boxed_forward_device_index):
+    return None  # a torch that no longer marks a backward it does not graph
+
+
+CHANGED = [("CUDA-graph steps per thread", f"{fxguard_cudagraphs.TREES}.mark_step_begin",
+            _changed_mark_step_begin)]
+if fxguard_cudagraphs.plain_function(fxguard_cudagraphs.BACKWARD_GENERATION):
+    CHANGED.append(("CUDA-graph backward tells its own thread's trees",
+                    fxguard_cudagraphs.BACKWARD_GENERATION, _changed_backward_generation))
+
+
+@pytest.mark.parametrize("row, where, changed_to", CHANGED, ids=[c[0] for c in CHANGED])
+def test_a_changed_function_stands_the_row_down_with_a_warning(monkeypatch, caplog, row, where,
+                                                                changed_to):
+    """On a torch whose function is not the one fxguard knows, its row stands
+    down (WARNING) and touches nothing; the other rows go on."""
+    fn = fxguard_cudagraphs.plain_function(where)
+    monkeypatch.setattr(fn, "__code__", changed_to.__code__)
     with caplog.at_level("WARNING", logger="fxguard"):
         rows = {r["what"]: r for r in fxguard.install(cuda_graphs_per_thread=True)["patch_points"]}
-    assert rows["CUDA-graph steps per thread"]["reason"].startswith("not covered")
-    assert "mark_step_begin" in caplog.text
-    assert trees.mark_step_begin.__code__ is changed
+    assert rows[row]["reason"].startswith("not covered")
+    assert where.rsplit(".", 1)[1] in caplog.text
+    assert fn.__code__ is changed_to.__code__
     assert rows["CUDA-graph callable per thread"]["patched"]
     fxguard.uninstall()

@@ -11,7 +11,9 @@ What torch shares between threads (``torch/_inductor/cudagraph_trees.py``,
   the backwards of all threads, which run on one autograd worker per device,
   share the first one's);
 - ``mark_step_begin()`` moves one counter for the process, and every compiled
-  call of any thread bumps the one generation a tree reads as "a new step".
+  call of any thread bumps the one generation a tree reads as "a new step";
+- a backward inductor does not graph (after a graphed forward) tells the tree
+  manager of the thread that compiled it, for every thread that runs it.
 
 The rows make each of these the calling thread's.  A thread's state is kept
 where torch keeps its tree managers: in torch's thread-local stash, which an
@@ -187,6 +189,32 @@ class CaptureLocks:
 capture_locks = CaptureLocks()
 
 
+# -- a backward that is not graphed ----------------------------------------------------------
+
+OUTPUT_CODE = "torch._inductor.output_code"
+BACKWARD_GENERATION = f"{OUTPUT_CODE}.maybe_handle_backward_generation"
+
+
+def marking_per_call(compiled_graph: Any, unmarked: Any, boxed_device_index: Any) -> None:
+    """Where torch wrapped a backward it does not graph so that it tells the
+    compiling thread's tree manager it runs, wrap it again so that it tells the
+    tree manager of the thread whose backward runs (the worker reads that
+    thread's stash), found on each call; none there: nothing to tell, as in
+    torch 2.15's eager fallback of a graphed backward."""
+    if compiled_graph.current_callable is unmarked:
+        return  # not a backward under CUDA-graph trees: torch changed nothing
+    import sys
+    trees = sys.modules[TREES]
+    device_index = boxed_device_index.value
+
+    def compiled_artifact(new_inputs: Any) -> Any:
+        manager = trees.get_manager(device_index, create_if_none_exists=False)
+        if manager is not None:
+            manager.set_to_running_backward()
+        return unmarked(new_inputs)
+    compiled_graph.current_callable = compiled_artifact
+
+
 # -- steps and generations per thread --------------------------------------------------------
 
 class LiveManagers:
@@ -268,6 +296,12 @@ ENTRY = """\
         {ns}.lane().generation += 1
     return {ns}.inner({call})
 """
+BACKWARD_MARK = """\
+    unmarked = compiled_graph.current_callable
+    result = {ns}.inner({call})
+    {ns}.marking_per_call(compiled_graph, unmarked, boxed_forward_device_index)
+    return result
+"""
 RESET = """\
     result = {ns}.inner({call})
     {ns}.after_reset()
@@ -294,6 +328,9 @@ STOCK_PARTS = {
     TAGGING: ("GenerationTracker.generation += 1",),
     f"{TREES}.reset_cudagraph_trees": ("MarkStepBox.mark_step_counter = 0",
                                        "_set_cached_tensors_enabled(False)"),
+    BACKWARD_GENERATION: ("get_manager(boxed_forward_device_index.value, create_if_none_exists=False)",
+                          "manager.set_to_running_backward()",
+                          "compiled_graph.current_callable = compiled_artifact"),
 }
 ASSERTING_GET_OBJ = ("if hasattr(local, attr_name):\n    return getattr(local, attr_name)\n"
                      "else:\n    assert torch._C._is_key_in_tls(attr_name)\n"
@@ -328,14 +365,26 @@ def trees_needed(facts: Any) -> tuple[Outcome, str] | None:
     return callable_needed(facts)  # a thread's own tree needs its own callable
 
 
+def _has_parts(where: str) -> bool:
+    body = _body(where)
+    return body is not None and all(part in body for part in STOCK_PARTS[where])
+
+
 def steps_needed(_facts: Any) -> tuple[Outcome, str] | None:
     for where, stock in STOCK_BODIES.items():
         if _body(where) != stock:
             return _stood_down(f"{where} is not the one fxguard knows")
-    for where, parts in STOCK_PARTS.items():
-        body = _body(where)
-        if body is None or not all(part in body for part in parts):
+    for where in (TAGGING, f"{TREES}.reset_cudagraph_trees"):
+        if not _has_parts(where):
             return _stood_down(f"{where} is not the one fxguard knows")
+    return None
+
+
+def backward_needed(_facts: Any) -> tuple[Outcome, str] | None:
+    if plain_function(BACKWARD_GENERATION) is None:
+        return Outcome.NOT_AVAILABLE, "on this torch (<= 2.7: inline in cudagraph_post_compile)"
+    if not _has_parts(BACKWARD_GENERATION):
+        return _stood_down(f"{BACKWARD_GENERATION} is not the one fxguard knows")
     return None
 
 
@@ -365,4 +414,9 @@ ROWS = (
                   params=("self",)),
              Swap(TAGGING, ENTRY, (LANE, DYNAMO))),
             steps_needed, option=OPTION),
+    Wrapped("CUDA-graph backward tells its own thread's trees",
+            (Swap(BACKWARD_GENERATION, BACKWARD_MARK,
+                  (("marking_per_call", lambda: marking_per_call),),
+                  params=("compiled_graph", "boxed_forward_device_index")),),
+            backward_needed, option=OPTION),
 )

@@ -17,7 +17,7 @@ import torch._inductor.cudagraph_trees as trees
 import fxguard
 from fxguard.torch_support import cudagraphs as fxguard_cudagraphs
 from fxguard.torch_support.cudagraphs import lane_getter
-from guarded import fresh_function
+from guarded import fresh_function, wait_until
 
 Manager = trees.CUDAGraphTreeManager
 CROSSES = pytest.mark.xfail(strict=True, reason="stock: one step counter and generation "
@@ -246,6 +246,90 @@ def test_a_single_threaded_trainers_step_mark_reaches_its_backward(guard):
     Probe.apply(x).sum().backward()
     assert seen["thread"] != threading.get_ident()  # it did run on the worker
     assert seen["marked"] and seen["generation"] == Manager.get_curr_generation()
+
+
+RNG_PER_GENERATOR = fxguard_cudagraphs.rng_capture_per_generator()
+
+
+def _waits_at(ident, code) -> bool:
+    """The thread's innermost Python frame runs ``code`` (blocked in a lock it takes)."""
+    from fxguard.machinery.settle import current_frames
+    frame = current_frames().get(ident)
+    return frame is not None and frame.f_code is code
+
+
+_HOLD = {"in_capture": None}  # called once, inside the next capture that runs the op
+
+
+@torch.library.custom_op("fxguard_test::held_in_capture", mutates_args=())
+def _held_in_capture(x: torch.Tensor) -> torch.Tensor:
+    hold = _HOLD["in_capture"]
+    if hold is not None and torch.cuda.is_current_stream_capturing():
+        _HOLD["in_capture"] = None
+        hold()
+    return x.clone()
+
+
+@_held_in_capture.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+@on_gpu
+@pytest.mark.skipif(not RNG_PER_GENERATOR, reason="torch 2.12+: RNG capture state per capture, "
+                    "a replay cannot fail during another thread's recording")
+@pytest.mark.parametrize("replays_wait", [pytest.param(False, marks=pytest.mark.xfail(
+    strict=True, reason="torch <= 2.11: a replay fails while another thread records")), True])
+def test_a_replay_waits_while_another_thread_records(replays_wait):
+    """Thread B replays its graph while thread A is inside a capture (held there
+    by a custom op until B has failed, finished or waits): torch <= 2.11 marks
+    the default CUDA generator as capturing for the process, and B's replay
+    prologue fails.  With the row, B's replay waits for A's recording."""
+    _install("on")
+    run_graph = trees.CUDAGraphNode.run_graph
+    swapped = run_graph.__code__
+    if not replays_wait:
+        run_graph.__code__ = fxguard.get_original(run_graph, "__code__")
+    capturing, b = threading.Event(), {}
+
+    def in_capture():
+        capturing.set()
+        wait_until(lambda: "done" in b or _waits_at(b.get("ident"), swapped),
+                   "the other thread's replay to fail, end or wait")
+    f = torch.compile(fresh_function("def f(x):\n    return held(x) * 2\n",
+                                     namespace={"held": _held_in_capture}), mode="reduce-overhead")
+    g = torch.compile(fresh_function("def g(x):\n    return x * 3\n", name="g"),
+                      mode="reduce-overhead")
+    recorded = threading.Event()
+
+    def replayer():
+        b["ident"] = threading.get_ident()
+        x = torch.ones(4, device="cuda")
+        with torch.no_grad():
+            for _ in range(3):  # warm-up, recording, replay
+                g(x)
+            recorded.set()
+            capturing.wait(300)
+            try:
+                b["out"] = g(x).tolist()  # a replay while A records
+            except Exception as e:  # noqa: BLE001  (compared below)
+                b["out"] = f"{type(e).__name__}: {e}"
+        b["done"] = True
+    try:
+        tb = threading.Thread(target=replayer, daemon=True)
+        tb.start()
+        assert recorded.wait(300)
+        x = torch.ones(4, device="cuda")
+        with torch.no_grad():
+            f(x)  # warm-up
+            _HOLD["in_capture"] = in_capture
+            out = f(x).tolist()  # recording: held inside the capture
+        tb.join(300)
+    finally:
+        _HOLD["in_capture"] = None
+        run_graph.__code__ = swapped
+        fxguard.uninstall()
+    assert (out, b.get("out")) == ([2.0] * 4, [3.0] * 4)
 
 
 class CpuInBackward(torch.autograd.Function):

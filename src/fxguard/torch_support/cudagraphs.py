@@ -13,7 +13,9 @@ What torch shares between threads (``torch/_inductor/cudagraph_trees.py``,
 - ``mark_step_begin()`` moves one counter for the process, and every compiled
   call of any thread bumps the one generation a tree reads as "a new step";
 - a backward inductor does not graph (after a graphed forward) tells the tree
-  manager of the thread that compiled it, for every thread that runs it.
+  manager of the thread that compiled it, for every thread that runs it;
+- torch <= 2.11's CUDA RNG marks the device's default generator as capturing,
+  for the process, while any thread records: a replay elsewhere then fails.
 
 The rows make each of these the calling thread's.  A thread's state is kept
 where torch keeps its tree managers: in torch's thread-local stash, which an
@@ -189,6 +191,24 @@ class CaptureLocks:
 capture_locks = CaptureLocks()
 
 
+def rng_capture_per_generator() -> bool:
+    """Whether a capture marks the device's default CUDA generator as capturing
+    for every thread (torch <= 2.11: every replay's prologue on that device then
+    fails "Offset increment outside graph capture encountered unexpectedly";
+    torch 2.12 keeps that state per capture, pytorch#176752).  It lives in
+    libtorch_cuda: read from the header torch ships, else from the version."""
+    import os
+    import torch
+    header = os.path.join(os.path.dirname(torch.__file__), "include", "ATen", "cuda",
+                          "CUDAGeneratorImpl.h")
+    try:
+        with open(header, encoding="utf-8", errors="replace") as f:
+            return "capture_states_" not in f.read()
+    except OSError:
+        major, minor = (int(p) for p in torch.__version__.split(".")[:2])
+        return (major, minor) < (2, 12)
+
+
 # -- a backward that is not graphed ----------------------------------------------------------
 
 OUTPUT_CODE = "torch._inductor.output_code"
@@ -278,6 +298,10 @@ CAPTURE_INIT = """\
 """
 CAPTURE_METHOD = """\
     with {ns}.capture_lock(self.device_index):
+        return {ns}.inner({call})
+"""
+REPLAY = """\
+    with {ns}.capture_lock(self.device):
         return {ns}.inner({call})
 """
 MARK_STEP = """\
@@ -370,6 +394,12 @@ def _has_parts(where: str) -> bool:
     return body is not None and all(part in body for part in STOCK_PARTS[where])
 
 
+def replays_needed(facts: Any) -> tuple[Outcome, str] | None:
+    if not rng_capture_per_generator():
+        return Outcome.NOT_NEEDED, "the CUDA RNG keeps its capture state per capture (2.12+)"
+    return trees_needed(facts)  # recordings take fxguard's lock only with the trees row
+
+
 def steps_needed(_facts: Any) -> tuple[Outcome, str] | None:
     for where, stock in STOCK_BODIES.items():
         if _body(where) != stock:
@@ -403,6 +433,10 @@ ROWS = (
              Swap(f"{MANAGER}.record_function", CAPTURE_METHOD,
                   (("capture_lock", lambda: capture_locks),), params=("self",))),
             trees_needed, option=OPTION),
+    Wrapped("CUDA-graph replays wait for recordings",
+            (Swap(f"{TREES}.CUDAGraphNode.run_graph", REPLAY,
+                  (("capture_lock", lambda: capture_locks),), params=("self",)),),
+            replays_needed, option=OPTION),
     Wrapped("CUDA-graph steps per thread",
             (Swap(f"{MANAGER}.get_curr_generation", CURRENT_GENERATION, (LANE,)),
              Swap(f"{MANAGER}.user_invoked_mark_step", USER_MARKED, (LANE,)),

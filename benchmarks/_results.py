@@ -66,6 +66,7 @@ CC_MODES = ("stock", "always-false", "serialized", "fxguard")
 STALL_MODES = ("stock", "serialized", "fxguard")
 LLAMA_MODES = ("stock", "serialized", "fxguard", "fxguard-no-share")
 ONCE_MODES = ("processes", "threads", "fxguard-no-share", "fxguard", "one-lock")
+GRAPH_MODES = ("threads-fast", "threads-plain", "one-plain", "processes-fast")
 
 
 def _once_ratio(base: str, key: str):
@@ -166,6 +167,19 @@ HEADLINES = {
         ("through every length ÷ processes", _once_ratio("processes", "all_through_s")),
         ("graphs: " + " / ".join(ONCE_MODES),
          lambda r: modes(r, ONCE_MODES, lambda m: m["graphs"][0], text)),
+    ],
+    "cuda_graph_drafters": [
+        ("steps/s: " + " / ".join(GRAPH_MODES), lambda r: modes(r, GRAPH_MODES, "steps_per_s",
+                                                               lambda x: num(x, "{:.1f}"))),
+        ("fast ÷ plain threads", lambda r: ratio(r.get("ratios", {}).get("fast_vs_plain_threads"))),
+        ("fast threads ÷ one plain", lambda r: ratio(r.get("ratios", {}).get("fast_threads_vs_one_plain"))),
+        ("fast threads ÷ processes", lambda r: ratio(r.get("ratios", {}).get("fast_threads_vs_processes"))),
+        ("fairness", lambda r: modes(r, GRAPH_MODES, "fairness")),
+        ("every length s", lambda r: modes(r, GRAPH_MODES, "time_until_all_lengths_s",
+                                           lambda x: num(x, "{:.0f}"))),
+        ("GPU peak: threads ÷ processes",
+         lambda r: ratio(r.get("ratios", {}).get("gpu_memory_threads_vs_processes"))),
+        ("errors", lambda r: modes(r, GRAPH_MODES, "errors", text)),
     ],
     "eager_backward_cost": [("device", _device)] + [
         (column, lambda r, c=case, k=key: ratio(r["seconds"][f"{c} eager"][k] / r["seconds"][f"{c} lazy"][k]))

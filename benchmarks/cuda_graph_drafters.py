@@ -20,6 +20,11 @@ step, fairness (slowest drafter's steps ÷ fastest's), errors, and the GPU
 memory in use at peak (the parent polls the device; CUDA contexts included).
 
     python benchmarks/cuda_graph_drafters.py [--modes ...] [--seconds 20] [--json out.json] [--save]
+        [--resume part.json]
+
+``--resume`` starts from a report an earlier run wrote (same torch, same
+settings) and runs only the modes it lacks: the modes can be split over
+several calls of a machine lent for minutes at a time.
 
 ``--device cpu`` runs the same steps on the CPU (inductor skips CUDA graphs
 there): a check that the script and the fast step's pieces work in threads,
@@ -271,6 +276,21 @@ def ratios(modes: dict) -> dict:
     return out
 
 
+def _resumed(path: str | None, report: dict) -> dict:
+    """The modes an earlier report measured under the same torch and settings
+    (those that ran: a failed mode runs again)."""
+    if not path or not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        earlier = json.load(f)
+    same = all(earlier.get(k) == report.get(k) for k in ("torch", "fxguard", "commit")) and \
+        {k: v for k, v in earlier.get("args", {}).items() if k != "modes"} == \
+        {k: v for k, v in report["args"].items() if k != "modes"}
+    if not same:
+        sys.exit(f"--resume {path}: another torch, fxguard, commit or settings; start afresh")
+    return {m: r for m, r in earlier.get("modes", {}).items() if "status" not in r}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--modes", default=",".join(MODES))
@@ -280,6 +300,7 @@ def main() -> int:
     p.add_argument("--out")
     p.add_argument("--ready-dir")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--resume", metavar="PATH", help="a report of an earlier run to go on from")
     _harness.add_output_options(p)
     args = p.parse_args()
     if args.child:
@@ -290,8 +311,11 @@ def main() -> int:
     report = {**_harness.envelope("cuda_graph_drafters", import_torch=True),
               "args": {"seconds": args.seconds, "modes": args.modes, "device": args.device},
               "modes": {}}
+    report["modes"] = _resumed(args.resume, report)
     output = _harness.Output(args)
     for mode in args.modes.split(","):
+        if mode in report["modes"]:
+            continue
         report["modes"][mode] = run_mode(mode, args.seconds, args.device)
         print(json.dumps(report["modes"][mode]), flush=True)
         report["ratios"] = ratios(report["modes"])

@@ -3,7 +3,7 @@
 # machine keeps the build while warm).  Output and reports go under $OUT.
 #   tools/on_device.sh build          build and install fxguard into python3
 #   tools/on_device.sh tests [ARGS]   the GPU tests (default: -m gpu), from outside the checkout
-#   tools/on_device.sh bench MODES    benchmarks/cuda_graph_drafters.py --save for MODES
+#   tools/on_device.sh bench MODES    benchmarks/cuda_graph_drafters.py --save, MODES added to one report
 # Each step runs under `timeout` so a call ends with what it measured.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,10 +25,15 @@ case "$step" in
        --junitxml="$out/gpu-tests.xml" "$repo/tests" "$@" 2>&1 | tail -40) | tee "$out/gpu-tests.txt"
     ;;
   bench)
+    # One report over several calls: benchmarks/out/ (ignored) stays on a warm machine,
+    # --resume runs only the modes it lacks; the latest saved report has them all.
     modes=${1:?modes, comma-separated}
+    part=benchmarks/out/cuda_graph_drafters.json
+    mkdir -p benchmarks/out
     timeout 560 python3 benchmarks/cuda_graph_drafters.py --modes "$modes" --seconds "${SECONDS_WINDOW:-15}" \
-      --save --json "$out/cuda_graph_drafters-${modes//,/_}.json" 2>&1 | tail -20
-    cp -r benchmarks/results "$out/results" 2>/dev/null
+      --resume "$part" --json "$part" --save 2>&1 | tail -20
+    cp "$part" "$out/" 2>/dev/null
+    cp -r benchmarks/results/cuda_graph_drafters "$out/results" 2>/dev/null
     ;;
   *) echo "unknown step: $step" >&2; exit 2 ;;
 esac

@@ -386,6 +386,8 @@ def trees_needed(facts: Any) -> tuple[Outcome, str] | None:
         if "_initialize_tls" in body:
             return Outcome.NOT_NEEDED, "torch makes them per thread (2.13+); capture one at a time"
         return _stood_down("get_obj is not the one fxguard knows")
+    if not _sets_attribute(f"{MANAGER}.__init__", "device_index"):
+        return _stood_down("CUDAGraphTreeManager keeps its device under another name")
     return callable_needed(facts)  # a thread's own tree needs its own callable
 
 
@@ -394,9 +396,17 @@ def _has_parts(where: str) -> bool:
     return body is not None and all(part in body for part in STOCK_PARTS[where])
 
 
+def _sets_attribute(where: str, attr: str) -> bool:
+    """Whether the function at ``where`` stores ``self.<attr>`` (a body reads it)."""
+    fn = plain_function(where)
+    return fn is not None and attr in fn.__code__.co_names
+
+
 def replays_needed(facts: Any) -> tuple[Outcome, str] | None:
     if not rng_capture_per_generator():
         return Outcome.NOT_NEEDED, "the CUDA RNG keeps its capture state per capture (2.12+)"
+    if not _sets_attribute(f"{TREES}.CUDAGraphNode.__init__", "device"):
+        return _stood_down("CUDAGraphNode keeps its device under another name")
     return trees_needed(facts)  # recordings take fxguard's lock only with the trees row
 
 

@@ -366,7 +366,7 @@ def _body(where: str) -> str | None:
     return rewrite.def_body(fn.__code__) if fn is not None else None
 
 
-def _stood_down(detail: str) -> tuple[Outcome, str]:
+def stood_down(detail: str) -> tuple[Outcome, str]:
     return Outcome.NOT_COVERED, f"{detail}; CUDA graphs in threads run as stock (docs/cuda-graphs.md)"
 
 
@@ -374,7 +374,7 @@ def callable_needed(_facts: Any) -> tuple[Outcome, str] | None:
     if plain_function(CUDAGRAPHIFY) is None:
         return Outcome.NOT_AVAILABLE, "on this torch"
     if run_cells() is None:
-        return _stood_down("cudagraphify's run() keeps other state than fxguard knows")
+        return stood_down("cudagraphify's run() keeps other state than fxguard knows")
     return None
 
 
@@ -385,9 +385,9 @@ def trees_needed(facts: Any) -> tuple[Outcome, str] | None:
     if body != ASSERTING_GET_OBJ:
         if "_initialize_tls" in body:
             return Outcome.NOT_NEEDED, "torch makes them per thread (2.13+); capture one at a time"
-        return _stood_down("get_obj is not the one fxguard knows")
-    if not _sets_attribute(f"{MANAGER}.__init__", "device_index"):
-        return _stood_down("CUDAGraphTreeManager keeps its device under another name")
+        return stood_down("get_obj is not the one fxguard knows")
+    if not sets_attribute(f"{MANAGER}.__init__", "device_index"):
+        return stood_down("CUDAGraphTreeManager keeps its device under another name")
     return callable_needed(facts)  # a thread's own tree needs its own callable
 
 
@@ -396,7 +396,7 @@ def _has_parts(where: str) -> bool:
     return body is not None and all(part in body for part in STOCK_PARTS[where])
 
 
-def _sets_attribute(where: str, attr: str) -> bool:
+def sets_attribute(where: str, attr: str) -> bool:
     """Whether the function at ``where`` stores ``self.<attr>`` (a body reads it)."""
     fn = plain_function(where)
     return fn is not None and attr in fn.__code__.co_names
@@ -405,18 +405,18 @@ def _sets_attribute(where: str, attr: str) -> bool:
 def replays_needed(facts: Any) -> tuple[Outcome, str] | None:
     if not rng_capture_per_generator():
         return Outcome.NOT_NEEDED, "the CUDA RNG keeps its capture state per capture (2.12+)"
-    if not _sets_attribute(f"{TREES}.CUDAGraphNode.__init__", "device"):
-        return _stood_down("CUDAGraphNode keeps its device under another name")
+    if not sets_attribute(f"{TREES}.CUDAGraphNode.__init__", "device"):
+        return stood_down("CUDAGraphNode keeps its device under another name")
     return trees_needed(facts)  # recordings take fxguard's lock only with the trees row
 
 
 def steps_needed(_facts: Any) -> tuple[Outcome, str] | None:
     for where, stock in STOCK_BODIES.items():
         if _body(where) != stock:
-            return _stood_down(f"{where} is not the one fxguard knows")
+            return stood_down(f"{where} is not the one fxguard knows")
     for where in (TAGGING, f"{TREES}.reset_cudagraph_trees"):
         if not _has_parts(where):
-            return _stood_down(f"{where} is not the one fxguard knows")
+            return stood_down(f"{where} is not the one fxguard knows")
     return None
 
 
@@ -424,7 +424,7 @@ def backward_needed(_facts: Any) -> tuple[Outcome, str] | None:
     if plain_function(BACKWARD_GENERATION) is None:
         return Outcome.NOT_AVAILABLE, "on this torch (<= 2.7: inline in cudagraph_post_compile)"
     if not _has_parts(BACKWARD_GENERATION):
-        return _stood_down(f"{BACKWARD_GENERATION} is not the one fxguard knows")
+        return stood_down(f"{BACKWARD_GENERATION} is not the one fxguard knows")
     return None
 
 

@@ -397,9 +397,10 @@ def _has_parts(where: str) -> bool:
 
 
 def sets_attribute(where: str, attr: str) -> bool:
-    """Whether the function at ``where`` stores ``self.<attr>`` (a body reads it)."""
+    """Whether the function at ``where`` stores ``self.<attr>`` (a body reads it),
+    read from its original code (not a row's own)."""
     fn = plain_function(where)
-    return fn is not None and attr in fn.__code__.co_names
+    return fn is not None and attr in originals.get_original(fn, "__code__").co_names
 
 
 def replays_needed(facts: Any) -> tuple[Outcome, str] | None:

@@ -144,7 +144,7 @@ def test_a_drafter_on_another_gpu_records_while_one_records(guard):
 
     def in_capture():
         capturing.set()
-        wait_until(lambda: "done" in b or _at_run_lock(b.get("ident")),
+        wait_until(lambda: "done" in b or _at_torchs_lock_on_gpu(b.get("ident")),
                    "the other GPU's drafter to record or wait")
         b["while held"] = "done" in b
 
@@ -177,11 +177,12 @@ def test_a_drafter_on_another_gpu_records_while_one_records(guard):
     assert b["while held"]
 
 
-def _at_run_lock(ident) -> bool:
-    """Stock: the thread's innermost frame is the tree manager's _run (blocked in
-    torch's one lock)."""
+def _at_torchs_lock_on_gpu(ident) -> bool:
+    """Stock: the thread's innermost frame is the tree manager's __init__ or _run
+    (where torch takes its one lock) and that lock is held."""
     from fxguard.machinery.settle import current_frames
     frame = current_frames().get(ident) if ident else None
-    return frame is not None and frame.f_code is fxguard.get_original(
-        trees.CUDAGraphTreeManager._run, "__code__") and getattr(
-        trees.graph_capture_lock, "locked", lambda: False)()  # fxguard's: never waited for
+    takers = {fxguard.get_original(getattr(trees.CUDAGraphTreeManager, name), "__code__")
+              for name in ("__init__", "_run")}
+    locked = getattr(trees.graph_capture_lock, "locked", lambda: False)  # fxguard's: never waited for
+    return frame is not None and frame.f_code in takers and locked()

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from ..machinery import originals
 from ..machinery.changes import Change, Context, Outcome, Planned
-from ..machinery.wrapped import Swap, Wrapped, plain_function
+from ..machinery.wrapped import Swap, Wrapped
 from .cudagraphs import MANAGER, OPTION, TREES, CaptureLocks, capture_locks, sets_attribute, stood_down
 
 CAPTURE_LOCK = f"{TREES}.graph_capture_lock"

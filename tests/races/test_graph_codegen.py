@@ -12,7 +12,6 @@ import sys
 import threading
 import time
 
-import pytest
 import torch
 from guarded import both_ways, run_together
 

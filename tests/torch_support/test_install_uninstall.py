@@ -1,5 +1,4 @@
 """install()/uninstall(): exact undo, idempotence, and no change on a torch it does not know."""
-import inspect
 
 import pytest
 import torch

@@ -4,12 +4,10 @@ thread that exits inside fx_tracing(), and memory per thread after 20 000
 short-lived tracing threads (torch 2.11's stash keeps each record: fxguard frees it
 once torch has let go; bounded here on every torch)."""
 import gc
-import os
 import threading
 import time
 import tracemalloc
 
-import pytest
 import torch
 
 import fxguard

@@ -248,6 +248,36 @@ def test_a_single_threaded_trainers_step_mark_reaches_its_backward(guard):
     assert seen["marked"] and seen["generation"] == Manager.get_curr_generation()
 
 
+@on_gpu
+def test_backwards_from_threads_that_ran_no_compiled_code_share_the_workers_own():
+    """.backward() from a thread that never ran a compiled function: the worker
+    finds no lane (nor, <= 2.12, trees) in that thread's stash, which it gets
+    afresh for each backward.  It must reuse its own, as torch 2.13 does with
+    its trees, not make (and record) anew each time."""
+    _install("on")
+    torch._dynamo.reset()
+    f = torch.compile(fresh_function("def f(x):\n    return x.sin() * 2\n"), mode="reduce-overhead")
+    lanes = []
+
+    class Probe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 1
+
+        @staticmethod
+        def backward(ctx, grad):
+            lanes.append(lane_getter()())  # kept: ids of freed lanes could repeat
+            return grad
+
+    x = torch.ones(8, device="cuda", requires_grad=True)
+    for _ in range(4):
+        y = Probe.apply(f(x))
+        in_thread(lambda: y.sum().backward())  # a new thread each time
+    assert len({id(lane) for lane in lanes}) == 1
+    assert torch.allclose(x.grad, torch.full_like(x, 8 * torch.cos(torch.tensor(1.0)).item()))
+    fxguard.uninstall()
+
+
 RNG_PER_GENERATOR = fxguard_cudagraphs.rng_capture_per_generator()
 
 

@@ -74,6 +74,21 @@ def _owning(stash: Callable[[str, Any], None]) -> Callable[[str, Any], None]:
     return stash_owned
 
 
+# What a thread made for itself where torch's stash had nothing, kept per Python
+# thread: an autograd worker gets a fresh copy of the stash with each backward,
+# so a backward from a thread that never ran a compiled function would make (and
+# record) anew each time; it reuses the worker's own instead, as torch 2.13 does.
+_made_here = threading.local()
+
+
+def _own(name: str, make: Callable[[], Any]) -> Any:
+    made = getattr(_made_here, name, None)
+    if made is None:
+        made = make()
+        setattr(_made_here, name, made)
+    return made
+
+
 def lane_getter() -> Callable[[], Lane]:
     """lane(): the calling thread's Lane (a worker: the backward's thread's),
     made on first use."""
@@ -82,9 +97,9 @@ def lane_getter() -> Callable[[], Lane]:
     def lane() -> Lane:
         if has(LANE_KEY):
             return get(LANE_KEY)
-        new = Lane()
-        stash(LANE_KEY, new)
-        return new
+        own = _own("lane", Lane)
+        stash(LANE_KEY, own)
+        return own
     return lane
 
 
@@ -166,8 +181,9 @@ def tree_state_getter() -> Callable[[str], Any]:
         if attr_name not in TREE_STATE:
             return None
         if not has(attr_name):
-            stash("tree_manager_containers", {})
-            stash("tree_manager_locks", defaultdict(threading.Lock))
+            containers, locks = _own("trees", lambda: ({}, defaultdict(threading.Lock)))
+            stash("tree_manager_containers", containers)
+            stash("tree_manager_locks", locks)
         return get(attr_name)
     return state
 

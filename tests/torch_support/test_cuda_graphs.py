@@ -118,6 +118,29 @@ def test_a_new_thread_gets_its_own_trees(guard):
     assert trees.get_container(0) is mine
 
 
+@pytest.mark.skipif(ASSERTS, reason="torch <= 2.12: the trees row reads the stash first")
+@pytest.mark.parametrize("guard", [pytest.param("off", marks=pytest.mark.xfail(
+    strict=True, reason="stock 2.13+: a thread's own trees first, so a worker that once set "
+                        "up its own keeps them for every thread's backward")), "on"])
+def test_a_thread_with_trees_of_its_own_reads_the_ones_it_is_handed(guard):
+    """An autograd worker runs each backward with the stash of the thread whose
+    backward it is; one that once set up trees of its own (a backward from a
+    thread that had none) must still read the trees it is handed.  Played with
+    torch's own functions: a thread sets its trees up (torch's _initialize_tls),
+    then is handed another's in its stash, as a graph task hands them."""
+    _install(guard)
+    handed = {}
+
+    def worker():
+        trees._initialize_tls(trees.local)
+        torch._C._stash_obj_in_tls("tree_manager_containers", handed)
+        return trees.get_obj(trees.local, "tree_manager_containers") is handed
+    try:
+        assert in_thread(worker)
+    finally:
+        fxguard.uninstall()
+
+
 def test_option_off_by_default_keeps_stock():
     rows = {r["what"]: r for r in fxguard.install()["patch_points"]}
     assert rows["CUDA-graph steps per thread"]["reason"] == "option off"

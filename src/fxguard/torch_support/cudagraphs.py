@@ -372,14 +372,21 @@ STOCK_PARTS = {
                           "manager.set_to_running_backward()",
                           "compiled_graph.current_callable = compiled_artifact"),
 }
+# torch 2.13+: the thread's threading.local first, so an autograd worker that once
+# set up trees of its own keeps them for the backwards of every thread.
+INITIALIZING_GET_OBJ = ("if hasattr(local, attr_name):\n    return getattr(local, attr_name); "
+                        "if not torch._C._is_key_in_tls(attr_name):\n    _initialize_tls(local)\n"
+                        "    return getattr(local, attr_name); "
+                        "return torch._C._get_obj_in_tls(attr_name)")
 ASSERTING_GET_OBJ = ("if hasattr(local, attr_name):\n    return getattr(local, attr_name)\n"
                      "else:\n    assert torch._C._is_key_in_tls(attr_name)\n"
                      "    return torch._C._get_obj_in_tls(attr_name)")
 
 
 def _body(where: str) -> str | None:
+    """The body of the function at ``where`` as torch wrote it (not a row's own)."""
     fn = plain_function(where)
-    return rewrite.def_body(fn.__code__) if fn is not None else None
+    return rewrite.def_body(originals.get_original(fn, "__code__")) if fn is not None else None
 
 
 def stood_down(detail: str) -> tuple[Outcome, str]:
@@ -405,6 +412,17 @@ def trees_needed(facts: Any) -> tuple[Outcome, str] | None:
     if not sets_attribute(f"{MANAGER}.__init__", "device_index"):
         return stood_down("CUDAGraphTreeManager keeps its device under another name")
     return callable_needed(facts)  # a thread's own tree needs its own callable
+
+
+def worker_trees_needed(_facts: Any) -> tuple[Outcome, str] | None:
+    body = _body(f"{TREES}.get_obj")
+    if body is None:
+        return Outcome.NOT_AVAILABLE, "on this torch"
+    if body == ASSERTING_GET_OBJ:
+        return Outcome.NOT_NEEDED, "<= 2.12: row 'CUDA-graph trees per thread' reads the stash first"
+    if body != INITIALIZING_GET_OBJ:
+        return stood_down("get_obj is not the one fxguard knows")
+    return None
 
 
 def _has_parts(where: str) -> bool:
@@ -460,6 +478,10 @@ ROWS = (
              Swap(f"{MANAGER}.record_function", CAPTURE_METHOD,
                   (("capture_lock", lambda: capture_locks),), params=("self",))),
             trees_needed, option=OPTION),
+    Wrapped("CUDA-graph trees follow the backward's thread",
+            (Swap(f"{TREES}.get_obj", GET_OBJ, (("state", tree_state_getter),),
+                  params=("attr_name",)),),
+            worker_trees_needed, option=OPTION),
     Wrapped("CUDA-graph replays wait for recordings",
             (Swap(f"{TREES}.CUDAGraphNode.run_graph", REPLAY,
                   (("capture_lock", lambda: capture_locks),), params=("self",)),),

@@ -17,7 +17,7 @@ import torch._inductor.cudagraph_trees as trees
 import fxguard
 from fxguard.torch_support import cudagraphs as fxguard_cudagraphs
 from fxguard.torch_support.cudagraphs import lane_getter
-from guarded import fresh_function, wait_until
+from guarded import fresh_function
 
 Manager = trees.CUDAGraphTreeManager
 CROSSES = pytest.mark.xfail(strict=True, reason="stock: one step counter and generation "
@@ -301,149 +301,12 @@ def test_backwards_from_threads_that_ran_no_compiled_code_share_the_workers_own(
     fxguard.uninstall()
 
 
-RNG_PER_GENERATOR = fxguard_cudagraphs.rng_capture_per_generator()
-
-
-def _waits_at(ident, code) -> bool:
-    """The thread's innermost Python frame runs ``code`` (blocked in a lock it takes)."""
-    from fxguard.machinery.settle import current_frames
-    frame = current_frames().get(ident)
-    return frame is not None and frame.f_code is code
-
-
-_HOLD = {"in_capture": None}  # called once, inside the next capture that runs the op
-
-
-@torch.library.custom_op("fxguard_test::held_in_capture", mutates_args=())
-def _held_in_capture(x: torch.Tensor) -> torch.Tensor:
-    hold = _HOLD["in_capture"]
-    if hold is not None and torch.cuda.is_current_stream_capturing():
-        _HOLD["in_capture"] = None
-        hold()
-    return x.clone()
-
-
-@_held_in_capture.register_fake
-def _(x):
-    return torch.empty_like(x)
-
-
-@on_gpu
-@pytest.mark.skipif(not RNG_PER_GENERATOR, reason="torch 2.12+: RNG capture state per capture, "
-                    "a replay cannot fail during another thread's recording")
-@pytest.mark.parametrize("replays_wait", [pytest.param(False, marks=pytest.mark.xfail(
-    strict=True, reason="torch <= 2.11: a replay fails while another thread records")), True])
-def test_a_replay_waits_while_another_thread_records(replays_wait):
-    """Thread B replays its graph while thread A is inside a capture (held there
-    by a custom op until B has failed, finished or waits): torch <= 2.11 marks
-    the default CUDA generator as capturing for the process, and B's replay
-    prologue fails.  With the row, B's replay waits for A's recording."""
-    _install("on")
-    run_graph = trees.CUDAGraphNode.run_graph
-    swapped = run_graph.__code__
-    if not replays_wait:
-        run_graph.__code__ = fxguard.get_original(run_graph, "__code__")
-    capturing, b = threading.Event(), {}
-
-    def in_capture():
-        capturing.set()
-        wait_until(lambda: "done" in b or _waits_at(b.get("ident"), swapped),
-                   "the other thread's replay to fail, end or wait")
-    f = torch.compile(fresh_function("def f(x):\n    return held(x) * 2\n",
-                                     namespace={"held": _held_in_capture}), mode="reduce-overhead")
-    g = torch.compile(fresh_function("def g(x):\n    return x * 3\n", name="g"),
-                      mode="reduce-overhead")
-    recorded = threading.Event()
-
-    def replayer():
-        b["ident"] = threading.get_ident()
-        x = torch.ones(4, device="cuda")
-        with torch.no_grad():
-            for _ in range(3):  # warm-up, recording, replay
-                g(x)
-            recorded.set()
-            capturing.wait(300)
-            try:
-                b["out"] = g(x).tolist()  # a replay while A records
-            except Exception as e:  # noqa: BLE001  (compared below)
-                b["out"] = f"{type(e).__name__}: {e}"
-        b["done"] = True
-    try:
-        tb = threading.Thread(target=replayer, daemon=True)
-        tb.start()
-        assert recorded.wait(300)
-        x = torch.ones(4, device="cuda")
-        with torch.no_grad():
-            f(x)  # warm-up
-            _HOLD["in_capture"] = in_capture
-            out = f(x).tolist()  # recording: held inside the capture
-        tb.join(300)
-    finally:
-        _HOLD["in_capture"] = None
-        run_graph.__code__ = swapped
-        fxguard.uninstall()
-    assert (out, b.get("out")) == ([2.0] * 4, [3.0] * 4)
-
-
-class CpuInBackward(torch.autograd.Function):
-    """x * 2 whose backward has a CPU op: with graph partitions off, inductor
-    graphs the forward and not the backward (torch's [Backward Generation Handling])."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x * 2
-
-    @staticmethod
-    def backward(ctx, grad):
-        return (grad.cpu() * 2).to(grad.device)
-
-
-def _pending_after_backward(f) -> bool:
-    """One step of f in this thread; whether this thread's tree manager still
-    waits for a backward after the backward ran."""
-    x = torch.ones(8, device="cuda", requires_grad=True)
-    for _ in range(3):  # warm-up, recording, replay
-        f(x).sum().backward()
-    return trees.get_manager(torch.cuda.current_device(),
-                             create_if_none_exists=False).running_forwards_with_pending_backwards
-
-
-@on_gpu
-@pytest.mark.skipif(not fxguard_cudagraphs.plain_function(fxguard_cudagraphs.BACKWARD_GENERATION),
-                    reason="torch <= 2.7: the marking is inline in cudagraph_post_compile")
-@pytest.mark.parametrize("guard", [pytest.param("off", marks=pytest.mark.xfail(
-    strict=True, reason="stock: the backward tells the compiling thread's manager")), "on"])
-def test_a_backward_not_graphed_tells_its_own_threads_trees(guard):
-    """Two threads run one compile whose backward is not graphed: each thread's
-    backward must reach its own tree manager (else that thread's trees wait for
-    a backward forever and re-record)."""
-    _install(guard)
-    torch._dynamo.reset()
-    f = torch.compile(fresh_function("def f(x):\n    return CpuInBackward.apply(x) + 1\n",
-                                     namespace={"CpuInBackward": CpuInBackward}),
-                      mode="reduce-overhead")
-    from torch._dynamo.utils import counters
-    counters.clear()
-    with torch._inductor.config.patch(graph_partition=False):
-        first = in_thread(lambda: _pending_after_backward(f))
-        second = in_thread(lambda: _pending_after_backward(f))
-    assert counters["inductor"]["cudagraph_skips"] >= 1, "the backward was graphed: no test"
-    assert (first, second) == (False, False)
-
-
 def _changed_mark_step_begin():
     trees.MarkStepBox.mark_step_counter -= 2
 
 
-def _changed_backward_generation(compiled_graph, boxed_forward_device_index):
-    return None  # a torch that no longer marks a backward it does not graph
-
-
 CHANGED = [("CUDA-graph steps per thread", f"{fxguard_cudagraphs.TREES}.mark_step_begin",
             _changed_mark_step_begin)]
-if fxguard_cudagraphs.plain_function(fxguard_cudagraphs.BACKWARD_GENERATION):
-    CHANGED.append(("CUDA-graph backward tells its own thread's trees",
-                    fxguard_cudagraphs.BACKWARD_GENERATION, _changed_backward_generation))
 
 
 @pytest.mark.parametrize("row, where, changed_to", CHANGED, ids=[c[0] for c in CHANGED])

@@ -11,11 +11,7 @@ What torch shares between threads (``torch/_inductor/cudagraph_trees.py``,
   the backwards of all threads, which run on one autograd worker per device,
   share the first one's);
 - ``mark_step_begin()`` moves one counter for the process, and every compiled
-  call of any thread bumps the one generation a tree reads as "a new step";
-- a backward inductor does not graph (after a graphed forward) tells the tree
-  manager of the thread that compiled it, for every thread that runs it;
-- torch <= 2.11's CUDA RNG marks the device's default generator as capturing,
-  for the process, while any thread records: a replay elsewhere then fails.
+  call of any thread bumps the one generation a tree reads as "a new step".
 
 The rows make each of these the calling thread's.  A thread's state is kept
 where torch keeps its tree managers: in torch's thread-local stash, which an
@@ -207,50 +203,6 @@ class CaptureLocks:
 capture_locks = CaptureLocks()
 
 
-def rng_capture_per_generator() -> bool:
-    """Whether a capture marks the device's default CUDA generator as capturing
-    for every thread (torch <= 2.11: every replay's prologue on that device then
-    fails "Offset increment outside graph capture encountered unexpectedly";
-    torch 2.12 keeps that state per capture, pytorch#176752).  It lives in
-    libtorch_cuda: read from the header torch ships, else from the version."""
-    import os
-    import torch
-    header = os.path.join(os.path.dirname(torch.__file__), "include", "ATen", "cuda",
-                          "CUDAGeneratorImpl.h")
-    try:
-        with open(header, encoding="utf-8", errors="replace") as f:
-            return "capture_states_" not in f.read()
-    except OSError:
-        major, minor = (int(p) for p in torch.__version__.split(".")[:2])
-        return (major, minor) < (2, 12)
-
-
-# -- a backward that is not graphed ----------------------------------------------------------
-
-OUTPUT_CODE = "torch._inductor.output_code"
-BACKWARD_GENERATION = f"{OUTPUT_CODE}.maybe_handle_backward_generation"
-
-
-def marking_per_call(compiled_graph: Any, unmarked: Any, boxed_device_index: Any) -> None:
-    """Where torch wrapped a backward it does not graph so that it tells the
-    compiling thread's tree manager it runs, wrap it again so that it tells the
-    tree manager of the thread whose backward runs (the worker reads that
-    thread's stash), found on each call; none there: nothing to tell, as in
-    torch 2.15's eager fallback of a graphed backward."""
-    if compiled_graph.current_callable is unmarked:
-        return  # not a backward under CUDA-graph trees: torch changed nothing
-    import sys
-    trees = sys.modules[TREES]
-    device_index = boxed_device_index.value
-
-    def compiled_artifact(new_inputs: Any) -> Any:
-        manager = trees.get_manager(device_index, create_if_none_exists=False)
-        if manager is not None:
-            manager.set_to_running_backward()
-        return unmarked(new_inputs)
-    compiled_graph.current_callable = compiled_artifact
-
-
 # -- steps and generations per thread --------------------------------------------------------
 
 class LiveManagers:
@@ -316,10 +268,6 @@ CAPTURE_METHOD = """\
     with {ns}.capture_lock(self.device_index):
         return {ns}.inner({call})
 """
-REPLAY = """\
-    with {ns}.capture_lock(self.device):
-        return {ns}.inner({call})
-"""
 MARK_STEP = """\
     {ns}.lane().step -= 1
 """
@@ -335,12 +283,6 @@ ENTRY = """\
     if not {ns}.is_dynamo_compiling():
         {ns}.lane().generation += 1
     return {ns}.inner({call})
-"""
-BACKWARD_MARK = """\
-    unmarked = compiled_graph.current_callable
-    result = {ns}.inner({call})
-    {ns}.marking_per_call(compiled_graph, unmarked, boxed_forward_device_index)
-    return result
 """
 RESET = """\
     result = {ns}.inner({call})
@@ -368,9 +310,6 @@ STOCK_PARTS = {
     TAGGING: ("GenerationTracker.generation += 1",),
     f"{TREES}.reset_cudagraph_trees": ("MarkStepBox.mark_step_counter = 0",
                                        "_set_cached_tensors_enabled(False)"),
-    BACKWARD_GENERATION: ("get_manager(boxed_forward_device_index.value, create_if_none_exists=False)",
-                          "manager.set_to_running_backward()",
-                          "compiled_graph.current_callable = compiled_artifact"),
 }
 # torch 2.13+: the thread's threading.local first, so an autograd worker that once
 # set up trees of its own keeps them for the backwards of every thread.
@@ -437,29 +376,13 @@ def sets_attribute(where: str, attr: str) -> bool:
     return fn is not None and attr in originals.get_original(fn, "__code__").co_names
 
 
-def replays_needed(facts: Any) -> tuple[Outcome, str] | None:
-    if not rng_capture_per_generator():
-        return Outcome.NOT_NEEDED, "the CUDA RNG keeps its capture state per capture (2.12+)"
-    if not sets_attribute(f"{TREES}.CUDAGraphNode.__init__", "device"):
-        return stood_down("CUDAGraphNode keeps its device under another name")
-    return trees_needed(facts)  # recordings take fxguard's lock only with the trees row
-
-
 def steps_needed(_facts: Any) -> tuple[Outcome, str] | None:
     for where, stock in STOCK_BODIES.items():
         if _body(where) != stock:
             return stood_down(f"{where} is not the one fxguard knows")
-    for where in (TAGGING, f"{TREES}.reset_cudagraph_trees"):
+    for where in STOCK_PARTS:
         if not _has_parts(where):
             return stood_down(f"{where} is not the one fxguard knows")
-    return None
-
-
-def backward_needed(_facts: Any) -> tuple[Outcome, str] | None:
-    if plain_function(BACKWARD_GENERATION) is None:
-        return Outcome.NOT_AVAILABLE, "on this torch (<= 2.7: inline in cudagraph_post_compile)"
-    if not _has_parts(BACKWARD_GENERATION):
-        return stood_down(f"{BACKWARD_GENERATION} is not the one fxguard knows")
     return None
 
 
@@ -482,10 +405,6 @@ ROWS = (
             (Swap(f"{TREES}.get_obj", GET_OBJ, (("state", tree_state_getter),),
                   params=("attr_name",)),),
             worker_trees_needed, option=OPTION),
-    Wrapped("CUDA-graph replays wait for recordings",
-            (Swap(f"{TREES}.CUDAGraphNode.run_graph", REPLAY,
-                  (("capture_lock", lambda: capture_locks),), params=("self",)),),
-            replays_needed, option=OPTION),
     Wrapped("CUDA-graph steps per thread",
             (Swap(f"{MANAGER}.get_curr_generation", CURRENT_GENERATION, (LANE,)),
              Swap(f"{MANAGER}.user_invoked_mark_step", USER_MARKED, (LANE,)),
@@ -497,9 +416,4 @@ ROWS = (
                   params=("self",)),
              Swap(TAGGING, ENTRY, (LANE, DYNAMO))),
             steps_needed, option=OPTION),
-    Wrapped("CUDA-graph backward tells its own thread's trees",
-            (Swap(BACKWARD_GENERATION, BACKWARD_MARK,
-                  (("marking_per_call", lambda: marking_per_call),),
-                  params=("compiled_graph", "boxed_forward_device_index")),),
-            backward_needed, option=OPTION),
 )

@@ -114,9 +114,9 @@ class Drafters:
             opt_step = torch.compile(opt.step)
         else:
             forward, opt_step = torch.compile(model, dynamic=False), opt.step
-        # Each drafter's data from a generator of its own (as a drafter's own stream):
-        # torch <= 2.11 fails a draw from the default CUDA generator while another
-        # thread records a graph (docs/cuda-graphs.md).
+        # Each drafter's data from a generator of its own (as a drafter's own stream),
+        # clear of torch <= 2.11's default CUDA generator, which a recording in another
+        # thread marks as capturing (docs/cuda-graphs.md: not measured yet).
         data = torch.Generator(device=self.device).manual_seed(1000 + i)
         seen, n = set(), 0
         while not self.stop.is_set():

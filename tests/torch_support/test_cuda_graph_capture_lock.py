@@ -23,12 +23,17 @@ def _install(guard: str) -> None:
         assert rows["CUDA-graph capture lock per device"]["patched"]
 
 
+def _innermost_code(ident):
+    """The code the thread runs now (where it waits, if it waits in a C lock)."""
+    from fxguard.machinery.settle import current_frames
+    frame = current_frames().get(ident) if ident else None
+    return frame.f_code if frame is not None else None
+
+
 def _at_torchs_lock(ident) -> bool:
     """The thread's innermost frame is the stock __init__ (blocked in the Lock it takes)."""
-    from fxguard.machinery.settle import current_frames
-    frame = current_frames().get(ident)
-    return frame is not None and frame.f_code is fxguard.get_original(
-        trees.CUDAGraphTreeManager.__init__, "__code__")
+    return _innermost_code(ident) is fxguard.get_original(trees.CUDAGraphTreeManager.__init__,
+                                                          "__code__")
 
 
 def _init_while_held(held_device: int, init_device: int) -> bool:
@@ -64,9 +69,7 @@ def _init_while_held(held_device: int, init_device: int) -> bool:
 
 
 def _waits_in_fxguard(ident) -> bool:
-    from fxguard.machinery.settle import current_frames
-    frame = current_frames().get(ident)
-    return frame is not None and frame.f_code is capture.DeviceCaptureLock.acquire.__code__
+    return _innermost_code(ident) is capture.DeviceCaptureLock.acquire.__code__
 
 
 @pytest.mark.parametrize("guard", [pytest.param("off", marks=ONE_FOR_ALL), "on"])
@@ -180,9 +183,7 @@ def test_a_drafter_on_another_gpu_records_while_one_records(guard):
 def _at_torchs_lock_on_gpu(ident) -> bool:
     """Stock: the thread's innermost frame is the tree manager's __init__ or _run
     (where torch takes its one lock) and that lock is held."""
-    from fxguard.machinery.settle import current_frames
-    frame = current_frames().get(ident) if ident else None
     takers = {fxguard.get_original(getattr(trees.CUDAGraphTreeManager, name), "__code__")
               for name in ("__init__", "_run")}
     locked = getattr(trees.graph_capture_lock, "locked", lambda: False)  # fxguard's: never waited for
-    return frame is not None and frame.f_code in takers and locked()
+    return _innermost_code(ident) in takers and locked()

@@ -173,8 +173,8 @@ def _mlp(seed: int):
 
 def train(model, seed: int, steps: int = 8) -> list[float]:
     """An MLP trained under reduce-overhead: its losses and a checksum of its weights.
-    Its data come from a generator of its own: on torch <= 2.11 a draw from the
-    default CUDA generator fails while another thread records a graph."""
+    Its data come from a generator of its own, clear of torch <= 2.11's default CUDA
+    generator, which another thread's recording marks as capturing."""
     compiled = torch.compile(model, mode="reduce-overhead")
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     g = torch.Generator(device="cuda").manual_seed(seed)
@@ -245,14 +245,9 @@ def test_one_threads_step_mark_leaves_anothers_replay(guard):
     assert in_thread(lambda: _replay_outcome(True)) == alone
 
 
-@on_gpu
-@pytest.mark.parametrize("guard", ["off", "on"])
-def test_a_single_threaded_trainers_step_mark_reaches_its_backward(guard):
-    """The backward of CUDA tensors runs on the device's autograd worker: it must
-    read the step marks and generation of the thread whose backward it is."""
-    _install(guard)
-    seen = {}
-
+def _probe(on_backward):
+    """An identity autograd.Function whose backward (on the device's autograd
+    worker, for CUDA tensors) calls on_backward() first."""
     class Probe(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x):
@@ -260,13 +255,24 @@ def test_a_single_threaded_trainers_step_mark_reaches_its_backward(guard):
 
         @staticmethod
         def backward(ctx, grad):
-            seen.update(thread=threading.get_ident(), marked=Manager.user_invoked_mark_step(),
-                        generation=Manager.get_curr_generation())
+            on_backward()
             return grad
+    return Probe
 
+
+@on_gpu
+@pytest.mark.parametrize("guard", ["off", "on"])
+def test_a_single_threaded_trainers_step_mark_reaches_its_backward(guard):
+    """The backward of CUDA tensors runs on the device's autograd worker: it must
+    read the step marks and generation of the thread whose backward it is."""
+    _install(guard)
+    seen = {}
+    probe = _probe(lambda: seen.update(thread=threading.get_ident(),
+                                       marked=Manager.user_invoked_mark_step(),
+                                       generation=Manager.get_curr_generation()))
     torch.compiler.cudagraph_mark_step_begin()
     x = torch.ones(4, device="cuda", requires_grad=True)
-    Probe.apply(x).sum().backward()
+    probe.apply(x).sum().backward()
     assert seen["thread"] != threading.get_ident()  # it did run on the worker
     assert seen["marked"] and seen["generation"] == Manager.get_curr_generation()
 
@@ -281,20 +287,10 @@ def test_backwards_from_threads_that_ran_no_compiled_code_share_the_workers_own(
     torch._dynamo.reset()
     f = torch.compile(fresh_function("def f(x):\n    return x.sin() * 2\n"), mode="reduce-overhead")
     lanes = []
-
-    class Probe(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * 1
-
-        @staticmethod
-        def backward(ctx, grad):
-            lanes.append(lane_getter()())  # kept: ids of freed lanes could repeat
-            return grad
-
+    probe = _probe(lambda: lanes.append(lane_getter()()))  # kept: ids of freed lanes could repeat
     x = torch.ones(8, device="cuda", requires_grad=True)
     for _ in range(4):
-        y = Probe.apply(f(x))
+        y = probe.apply(f(x))
         in_thread(lambda: y.sum().backward())  # a new thread each time
     assert len({id(lane) for lane in lanes}) == 1
     assert torch.allclose(x.grad, torch.full_like(x, 8 * torch.cos(torch.tensor(1.0)).item()))

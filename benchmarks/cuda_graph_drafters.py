@@ -281,16 +281,16 @@ def ratios(modes: dict) -> dict:
 
 def _resumed(path: str | None, report: dict) -> dict:
     """The modes an earlier report measured under the same torch and settings
-    (those that ran: a failed mode runs again)."""
+    (those that ran: a failed mode runs again).  Ratios compare one machine only."""
     if not path or not os.path.exists(path):
         return {}
     with open(path) as f:
         earlier = json.load(f)
-    same = all(earlier.get(k) == report.get(k) for k in ("torch", "fxguard", "commit")) and \
+    same = all(earlier.get(k) == report.get(k) for k in ("torch", "fxguard", "commit", "machine")) and \
         {k: v for k, v in earlier.get("args", {}).items() if k != "modes"} == \
         {k: v for k, v in report["args"].items() if k != "modes"}
     if not same:
-        sys.exit(f"--resume {path}: another torch, fxguard, commit or settings; start afresh")
+        sys.exit(f"--resume {path}: another machine, torch, fxguard, commit or settings; start afresh")
     return {m: r for m, r in earlier.get("modes", {}).items() if "status" not in r}
 
 

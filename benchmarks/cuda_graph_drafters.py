@@ -43,8 +43,8 @@ import time
 
 import _harness
 
-# The option the fast step needs (off by default until this benchmark has run on a GPU);
-# the plain modes take it too, so both sides run under the same rows.
+# The option the fast step needs (off by default: RESULTS.md); the plain modes take it
+# too, so both sides run under the same rows.
 FXGUARD_OPTIONS = {"cuda_graphs_per_thread": True}
 MODES = ("threads-fast", "threads-plain", "one-plain", "processes-fast", "threads-fast-stock")
 LENGTHS = (256, 512)

@@ -12,7 +12,7 @@ GPU.  Two steps:
 
 Modes, each in fresh processes with empty compile caches:
 ``threads-fast`` (3 threads, fxguard), ``threads-plain`` (3 threads, fxguard),
-``one-plain`` (1 thread), ``processes-fast`` (3 processes, one drafter each,
+``one-plain`` and ``one-fast`` (1 thread, fxguard), ``processes-fast`` (3 processes, one drafter each,
 stock torch: what threads replace), ``threads-fast-stock`` (3 threads, no
 fxguard).  Figures: time until every drafter ran every length, then a window
 in which all run: steps per second (all drafters together), CPU seconds per
@@ -46,8 +46,10 @@ import _harness
 # The option the fast step needs (off by default: RESULTS.md); the plain modes take it
 # too, so both sides run under the same rows.
 FXGUARD_OPTIONS = {"cuda_graphs_per_thread": True}
-MODES = ("threads-fast", "threads-plain", "one-plain", "processes-fast", "threads-fast-stock")
-LENGTHS = (256, 512)
+MODES = ("threads-fast", "threads-plain", "one-plain", "one-fast", "processes-fast", "threads-fast-stock")
+ONE_THREAD = ("one-plain", "one-fast")
+# DRAFTER_LENGTHS=256 (diagnosis): one length, so no step starts another graph.
+LENGTHS = tuple(int(n) for n in os.environ.get("DRAFTER_LENGTHS", "256,512").split(","))
 BATCH, VOCAB, HIDDEN, HEADS, LAYERS = 2, 4096, 256, 4, 2
 
 
@@ -146,13 +148,17 @@ class Drafters:
 
 
 def child(mode: str, threads: int, seconds: float, out: str, ready_dir: str | None,
-          device: str) -> None:
+          device: str, probe: bool = False) -> None:
     import torch
-    if mode in ("threads-fast", "threads-plain", "one-plain"):
+    if mode in ("threads-fast", "threads-plain", *ONE_THREAD):
         import fxguard
         fxguard.install(**FXGUARD_OPTIONS)
+    if probe:
+        import _cuda_graph_probe
+        probe = _cuda_graph_probe.Probe()
     drafters = Drafters(threads, fast="fast" in mode, device=device)
-    workers = [threading.Thread(target=drafters.run, args=(i,), daemon=True) for i in range(threads)]
+    workers = [threading.Thread(target=drafters.run, args=(i,), daemon=True, name=f"drafter-{i}")
+               for i in range(threads)]
     for t in workers:
         t.start()
     deadline = time.perf_counter() + 400
@@ -162,9 +168,14 @@ def child(mode: str, threads: int, seconds: float, out: str, ready_dir: str | No
         open(os.path.join(ready_dir, str(os.getpid())), "w").close()
         while len(os.listdir(ready_dir)) < int(os.environ["DRAFTER_PROCESSES"]) and time.perf_counter() < deadline:
             time.sleep(0.05)
+    if probe:
+        probe.start_sampling()
+        probed = probe.snapshot()
     steps0, cpu0, t0 = list(drafters.steps), list(drafters.cpu), time.perf_counter()
     time.sleep(seconds)
     steps1, cpu1, t1 = list(drafters.steps), list(drafters.cpu), time.perf_counter()
+    if probe:
+        probed = probe.report(probed, probe.snapshot())
     if ready_dir:
         time.sleep(2)  # keep stepping while the others end their windows
     drafters.stop.set()
@@ -180,6 +191,8 @@ def child(mode: str, threads: int, seconds: float, out: str, ready_dir: str | No
         "errors": len(drafters.errors), "error_kinds": sorted(set(drafters.errors))[:5],
         "graphs": int(torch._dynamo.utils.counters["stats"]["unique_graphs"]),
     }
+    if probe:
+        result["probe"] = probed
     with open(out, "w") as f:
         json.dump(result, f)
 
@@ -216,11 +229,11 @@ class DevicePeak:
         return round(self.peak / 2**30, 2)
 
 
-def run_mode(mode: str, seconds: float, device: str) -> dict:
-    argv = ["--seconds", str(seconds), "--device", device]
+def run_mode(mode: str, seconds: float, device: str, probe: bool = False) -> dict:
+    argv = ["--seconds", str(seconds), "--device", device, *(["--probe"] if probe else [])]
     peak = DevicePeak(device)
     if mode != "processes-fast":
-        n = 1 if mode == "one-plain" else 3
+        n = 1 if mode in ONE_THREAD else 3
         result = _harness.in_fresh_process(__file__, ["--child", mode, "--threads", str(n), *argv],
                                            timeout=seconds + 600)
         result = result if "status" not in result else {"mode": mode, **result}
@@ -273,6 +286,7 @@ def ratios(modes: dict) -> dict:
     for key, a, b, f in (("fast_vs_plain_threads", "threads-fast", "threads-plain", rate),
                          ("fast_threads_vs_one_plain", "threads-fast", "one-plain", rate),
                          ("fast_threads_vs_processes", "threads-fast", "processes-fast", rate),
+                         ("fast_threads_vs_one_fast", "threads-fast", "one-fast", rate),
                          ("gpu_memory_threads_vs_processes", "threads-fast", "processes-fast", mem)):
         if f(a) and f(b):
             out[key] = round(f(a) / f(b), 3)
@@ -304,15 +318,22 @@ def main() -> int:
     p.add_argument("--ready-dir")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--resume", metavar="PATH", help="a report of an earlier run to go on from")
+    p.add_argument("--probe", action="store_true",
+                   help="count what each CUDA-graph call became, syncs, lock waits, stack samples "
+                        "(diagnosis: its figures are not recorded)")
     _harness.add_output_options(p)
     args = p.parse_args()
     if args.child:
-        child(args.child, args.threads, args.seconds, args.out, args.ready_dir, args.device)
+        child(args.child, args.threads, args.seconds, args.out, args.ready_dir, args.device, args.probe)
         return 0
     if args.device != "cuda" and args.save:
         p.error("--save records GPU figures; --device cpu is a check only")
+    if args.probe and args.save:
+        p.error("--save records figures; a --probe run's own wrapping costs time")
     report = {**_harness.envelope("cuda_graph_drafters", import_torch=True),
-              "args": {"seconds": args.seconds, "modes": args.modes, "device": args.device},
+              "args": {"seconds": args.seconds, "modes": args.modes, "device": args.device,
+                       **({"probe": True} if args.probe else {}),
+                       **({"lengths": LENGTHS} if LENGTHS != (256, 512) else {})},
               "fxguard_options": FXGUARD_OPTIONS,
               "modes": {}}
     report["modes"] = _resumed(args.resume, report)
@@ -320,7 +341,7 @@ def main() -> int:
     for mode in args.modes.split(","):
         if mode in report["modes"]:
             continue
-        report["modes"][mode] = run_mode(mode, args.seconds, args.device)
+        report["modes"][mode] = run_mode(mode, args.seconds, args.device, args.probe)
         print(json.dumps(report["modes"][mode]), flush=True)
         report["ratios"] = ratios(report["modes"])
         output.write(report)  # after each mode: a cut-off run keeps what it measured

@@ -1,0 +1,136 @@
+"""Where CUDA-graph drafters spend a step: cuda_graph_drafters.py --probe.
+
+Counts, per thread, what each CUDA-graph tree call became (warm-up, recording,
+replay, the compiled code run directly), device syncs, time waiting for the
+capture lock, and samples every thread's innermost frames.  For diagnosis:
+its own wrapping costs time, so a probed run's figures are not recorded.
+"""
+from __future__ import annotations
+
+import collections
+import sys
+import threading
+import time
+from typing import Any
+
+PATHS = ("run_eager", "record_function", "execute_node")
+
+
+class Probe:
+    def __init__(self) -> None:
+        import torch
+        from torch._inductor import cudagraph_trees as trees
+        self.torch, self.trees = torch, trees
+        self.counts: collections.Counter = collections.Counter()
+        self.seconds: collections.Counter = collections.Counter()
+        self.stacks: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        self._lock = threading.Lock()
+        self._inside = threading.local()
+        self._sampling = threading.Event()
+        self._wrap_manager()
+        self._wrap_sync()
+        self._time_capture_lock()
+
+    def _add(self, key: tuple, seconds: float) -> None:
+        with self._lock:
+            self.counts[key] += 1
+            self.seconds[key] += seconds
+
+    def _wrap_manager(self) -> None:
+        manager = self.trees.CUDAGraphTreeManager
+        probe = self
+        for name in PATHS:
+            inner = getattr(manager, name)
+
+            def path(self, *args, __inner=inner, __name=name, **kwargs):
+                probe._inside.path = __name
+                return __inner(self, *args, **kwargs)
+            setattr(manager, name, path)
+        run = manager._run
+
+        def outer_run(self, *args, **kwargs):
+            if getattr(probe._inside, "depth", 0):  # _run calls itself once after ending a path
+                return run(self, *args, **kwargs)
+            probe._inside.path, probe._inside.depth = "model_directly", 1
+            t = time.perf_counter()
+            try:
+                return run(self, *args, **kwargs)
+            finally:
+                probe._inside.depth = 0
+                probe._add(("tree", threading.current_thread().name, probe._inside.path),
+                           time.perf_counter() - t)
+        manager._run = outer_run
+
+    def _wrap_sync(self) -> None:
+        cuda = self.torch.cuda
+        sync, probe = cuda.synchronize, self
+
+        def synchronize(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return sync(*args, **kwargs)
+            finally:
+                probe._add(("sync", threading.current_thread().name), time.perf_counter() - t)
+        cuda.synchronize = synchronize
+
+    def _time_capture_lock(self) -> None:
+        try:
+            from fxguard.torch_support.cudagraphs import capture_locks
+        except ImportError:
+            return
+        probe = self
+
+        class TimedRLock:
+            def __init__(self) -> None:
+                self._lock = threading.RLock()
+
+            def acquire(self, blocking=True, timeout=-1):
+                t = time.perf_counter()
+                got = self._lock.acquire(blocking, timeout)
+                probe._add(("capture_lock_wait", threading.current_thread().name), time.perf_counter() - t)
+                return got
+
+            def release(self):
+                self._lock.release()
+
+            def __enter__(self):
+                return self.acquire()
+
+            def __exit__(self, *exc):
+                self.release()
+        for device in (None, 0):
+            capture_locks._locks.setdefault(device, TimedRLock())
+
+    def start_sampling(self, every: float = 0.005) -> None:
+        names = {}
+
+        def sample() -> None:
+            me = threading.get_ident()
+            while not self._sampling.wait(every):
+                for t in threading.enumerate():
+                    names[t.ident] = t.name
+                for ident, frame in sys._current_frames().items():
+                    if ident == me:
+                        continue
+                    parts = []
+                    while frame is not None and len(parts) < 4:
+                        code = frame.f_code
+                        parts.append(f"{code.co_filename.rsplit('/', 2)[-1]}:{code.co_name}:{frame.f_lineno}")
+                        frame = frame.f_back
+                    self.stacks[names.get(ident, str(ident))][" < ".join(parts)] += 1
+        threading.Thread(target=sample, daemon=True, name="probe-sampler").start()
+
+    def snapshot(self) -> tuple:
+        with self._lock:
+            return collections.Counter(self.counts), collections.Counter(self.seconds)
+
+    def report(self, before: tuple, after: tuple) -> dict:
+        self._sampling.set()
+        counts, seconds = after[0] - before[0], after[1] - before[1]
+        rows = sorted(counts)
+        return {
+            "calls": {" ".join(k): [counts[k], round(seconds[k], 3)] for k in rows},
+            "stack_samples": {name: c.most_common(8) for name, c in self.stacks.items()},
+            "cudagraph_counters": {k: dict(v) for k, v in self.torch._dynamo.utils.counters.items()
+                                   if k in ("inductor", "stats") and v},
+        }

@@ -27,6 +27,7 @@ class Probe:
         self._lock = threading.Lock()
         self._inside = threading.local()
         self._sampling = threading.Event()
+        self.reasons: list[str] = []
         self._wrap_manager()
         self._wrap_sync()
         self._time_capture_lock()
@@ -39,11 +40,18 @@ class Probe:
     def _wrap_manager(self) -> None:
         manager = self.trees.CUDAGraphTreeManager
         probe = self
+        init = manager.__init__
+
+        def made(self, *args, **kwargs):
+            init(self, *args, **kwargs)
+            self._probe_maker = threading.current_thread().name  # whose tree it is
+        manager.__init__ = made
         for name in PATHS:
             inner = getattr(manager, name)
 
             def path(self, *args, __inner=inner, __name=name, **kwargs):
-                probe._inside.path = __name
+                where = "none" if self.current_node is None else type(self.current_node).__name__
+                probe._inside.path = f"{__name} after {where}"
                 return __inner(self, *args, **kwargs)
             setattr(manager, name, path)
         run = manager._run
@@ -57,9 +65,23 @@ class Probe:
                 return run(self, *args, **kwargs)
             finally:
                 probe._inside.depth = 0
-                probe._add(("tree", threading.current_thread().name, probe._inside.path),
-                           time.perf_counter() - t)
+                probe._add(("tree", threading.current_thread().name, "in tree of",
+                            getattr(self, "_probe_maker", "?"), str(self.mode).rsplit(".", 1)[-1],
+                            probe._inside.path), time.perf_counter() - t)
         manager._run = outer_run
+        check = self.trees.CUDAGraphNode.check_invariants
+
+        def checked(self, *args, **kwargs):
+            status, log = check(self, *args, **kwargs)
+            probe._add(("check", threading.current_thread().name, str(status).rsplit(".", 1)[-1]), 0.0)
+            if str(status).endswith("SUCCESS") is False and probe.counts[("why",)] < 20:
+                probe._add(("why",), 0.0)
+                try:
+                    probe.reasons.append(str(log())[:600])
+                except Exception as e:  # the reason's own logger may want other arguments
+                    probe.reasons.append(f"{status}: {e!r}")
+            return status, log
+        self.trees.CUDAGraphNode.check_invariants = checked
 
     def _wrap_sync(self) -> None:
         cuda = self.torch.cuda
@@ -130,6 +152,7 @@ class Probe:
         rows = sorted(counts)
         return {
             "calls": {" ".join(k): [counts[k], round(seconds[k], 3)] for k in rows},
+            "reasons": self.reasons[:20],
             "stack_samples": {name: c.most_common(8) for name, c in self.stacks.items()},
             "cudagraph_counters": {k: dict(v) for k, v in self.torch._dynamo.utils.counters.items()
                                    if k in ("inductor", "stats") and v},

@@ -33,6 +33,7 @@ not a figure to record (``--save`` refuses it).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -48,8 +49,10 @@ import _harness
 FXGUARD_OPTIONS = {"cuda_graphs_per_thread": True}
 MODES = ("threads-fast", "threads-plain", "one-plain", "one-fast", "processes-fast", "threads-fast-stock")
 ONE_THREAD = ("one-plain", "one-fast")
-# DRAFTER_LENGTHS=256 (diagnosis): one length, so no step starts another graph.
+# Diagnosis: DRAFTER_LENGTHS=256, one length, so no step starts another graph;
+# DRAFTER_FAST=model, only some pieces of the fast step; DRAFTER_NO_GC=1, no cyclic GC.
 LENGTHS = tuple(int(n) for n in os.environ.get("DRAFTER_LENGTHS", "256,512").split(","))
+FAST_PIECES = tuple(os.environ.get("DRAFTER_FAST", "mask,model,optimizer").split(","))
 BATCH, VOCAB, HIDDEN, HEADS, LAYERS = 2, 4096, 256, 4, 2
 
 
@@ -108,17 +111,27 @@ class Drafters:
         self.start = time.perf_counter()
 
     def run(self, i: int) -> None:
+        """Drafter i's steps, on a CUDA stream of its own (DRAFTER_STREAMS=0: the
+        default stream): threads on one stream share the caching allocator's free
+        blocks, so a step's fresh tensors (its block mask) land at other addresses
+        each step, and a backward's CUDA graph, which takes every saved forward
+        input as static, records anew each step (docs/cuda-graphs.md)."""
         torch = self.torch
-        from torch.nn.attention.flex_attention import create_block_mask
+        own = self.device == "cuda" and os.environ.get("DRAFTER_STREAMS", "1") == "1"
         if self.device == "cuda":
             torch.cuda.set_device(0)
+        with torch.cuda.stream(torch.cuda.Stream()) if own else contextlib.nullcontext():
+            self._steps(i)
+
+    def _steps(self, i: int) -> None:
+        torch = self.torch
+        from torch.nn.attention.flex_attention import create_block_mask
         model = build(torch, seed=i, device=self.device)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        if self.fast:
-            forward = torch.compile(model, mode="reduce-overhead", dynamic=False)
-            opt_step = torch.compile(opt.step)
-        else:
-            forward, opt_step = torch.compile(model, dynamic=False), opt.step
+        fast = FAST_PIECES if self.fast else ()
+        forward = torch.compile(model, dynamic=False,
+                                **({"mode": "reduce-overhead"} if "model" in fast else {}))
+        opt_step = torch.compile(opt.step) if "optimizer" in fast else opt.step
         # Each drafter's data from a generator of its own (as a drafter's own stream),
         # clear of torch <= 2.11's default CUDA generator, which a recording in another
         # thread marks as capturing (docs/cuda-graphs.md: not measured yet).
@@ -130,7 +143,7 @@ class Drafters:
             ids = torch.randint(0, VOCAB, (BATCH, length), device=self.device, generator=data)
             try:
                 mask = create_block_mask(causal, BATCH, None, length, length, device=self.device,
-                                         _compile=self.fast)
+                                         _compile="mask" in fast)
                 loss = forward(ids, ids, mask)
                 loss.backward()
                 opt_step()
@@ -153,6 +166,9 @@ def child(mode: str, threads: int, seconds: float, out: str, ready_dir: str | No
     if mode in ("threads-fast", "threads-plain", *ONE_THREAD):
         import fxguard
         fxguard.install(**FXGUARD_OPTIONS)
+    if os.environ.get("DRAFTER_NO_GC"):
+        import gc
+        gc.disable()
     if probe:
         import _cuda_graph_probe
         probe = _cuda_graph_probe.Probe()
@@ -333,7 +349,10 @@ def main() -> int:
     report = {**_harness.envelope("cuda_graph_drafters", import_torch=True),
               "args": {"seconds": args.seconds, "modes": args.modes, "device": args.device,
                        **({"probe": True} if args.probe else {}),
-                       **({"lengths": LENGTHS} if LENGTHS != (256, 512) else {})},
+                       **({"lengths": LENGTHS} if LENGTHS != (256, 512) else {}),
+                       **({"fast": FAST_PIECES} if FAST_PIECES != ("mask", "model", "optimizer") else {}),
+                       **({"no_gc": True} if os.environ.get("DRAFTER_NO_GC") else {}),
+                       **({"streams": "default"} if os.environ.get("DRAFTER_STREAMS") == "0" else {})},
               "fxguard_options": FXGUARD_OPTIONS,
               "modes": {}}
     report["modes"] = _resumed(args.resume, report)

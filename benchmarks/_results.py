@@ -66,7 +66,7 @@ CC_MODES = ("stock", "always-false", "serialized", "fxguard")
 STALL_MODES = ("stock", "serialized", "fxguard")
 LLAMA_MODES = ("stock", "serialized", "fxguard", "fxguard-no-share")
 ONCE_MODES = ("processes", "threads", "fxguard-no-share", "fxguard", "one-lock")
-GRAPH_MODES = ("threads-fast", "threads-plain", "one-plain", "processes-fast")
+GRAPH_MODES = ("threads-fast", "threads-plain", "one-fast", "one-plain", "processes-fast")
 
 
 def _once_ratio(base: str, key: str):
@@ -169,10 +169,13 @@ HEADLINES = {
          lambda r: modes(r, ONCE_MODES, lambda m: m["graphs"][0], text)),
     ],
     "cuda_graph_drafters": [
+        # Reports before the stream per drafter ran every drafter on the default stream.
+        ("CUDA streams", lambda r: r.get("drafter_streams", "default")),
         ("steps/s: " + " / ".join(GRAPH_MODES), lambda r: modes(r, GRAPH_MODES, "steps_per_s",
                                                                lambda x: num(x, "{:.1f}"))),
         ("fast ÷ plain threads", lambda r: ratio(r.get("ratios", {}).get("fast_vs_plain_threads"))),
         ("fast threads ÷ one plain", lambda r: ratio(r.get("ratios", {}).get("fast_threads_vs_one_plain"))),
+        ("fast threads ÷ one fast", lambda r: ratio(r.get("ratios", {}).get("fast_threads_vs_one_fast"))),
         ("fast threads ÷ processes", lambda r: ratio(r.get("ratios", {}).get("fast_threads_vs_processes"))),
         ("fairness", lambda r: modes(r, GRAPH_MODES, "fairness")),
         ("every length s", lambda r: modes(r, GRAPH_MODES, "time_until_all_lengths_s",

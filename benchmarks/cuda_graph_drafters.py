@@ -26,6 +26,9 @@ memory in use at peak (the parent polls the device; CUDA contexts included).
 settings) and runs only the modes it lacks: the modes can be split over
 several calls of a machine lent for minutes at a time.
 
+Each drafter runs on a CUDA stream of its own (``Drafters.run`` says why).
+``--probe`` counts what each CUDA-graph call became, per thread (diagnosis: not saved).
+
 ``--device cpu`` runs the same steps on the CPU (inductor skips CUDA graphs
 there): a check that the script and the fast step's pieces work in threads,
 not a figure to record (``--save`` refuses it).
@@ -44,7 +47,7 @@ import time
 
 import _harness
 
-# The option the fast step needs (off by default: RESULTS.md); the plain modes take it
+# The option the fast step needs, named so the report says so; the plain modes take it
 # too, so both sides run under the same rows.
 FXGUARD_OPTIONS = {"cuda_graphs_per_thread": True}
 MODES = ("threads-fast", "threads-plain", "one-plain", "one-fast", "processes-fast", "threads-fast-stock")
@@ -316,7 +319,7 @@ def _resumed(path: str | None, report: dict) -> dict:
         return {}
     with open(path) as f:
         earlier = json.load(f)
-    same = all(earlier.get(k) == report.get(k) for k in ("torch", "fxguard", "commit", "machine")) and \
+    same = all(earlier.get(k) == report.get(k) for k in ("torch", "fxguard", "commit", "machine", "drafter_streams")) and \
         {k: v for k, v in earlier.get("args", {}).items() if k != "modes"} == \
         {k: v for k, v in report["args"].items() if k != "modes"}
     if not same:
@@ -351,9 +354,9 @@ def main() -> int:
                        **({"probe": True} if args.probe else {}),
                        **({"lengths": LENGTHS} if LENGTHS != (256, 512) else {}),
                        **({"fast": FAST_PIECES} if FAST_PIECES != ("mask", "model", "optimizer") else {}),
-                       **({"no_gc": True} if os.environ.get("DRAFTER_NO_GC") else {}),
-                       **({"streams": "default"} if os.environ.get("DRAFTER_STREAMS") == "0" else {})},
+                       **({"no_gc": True} if os.environ.get("DRAFTER_NO_GC") else {})},
               "fxguard_options": FXGUARD_OPTIONS,
+              "drafter_streams": "default" if os.environ.get("DRAFTER_STREAMS") == "0" else "own",
               "modes": {}}
     report["modes"] = _resumed(args.resume, report)
     output = _harness.Output(args)

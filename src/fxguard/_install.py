@@ -44,7 +44,7 @@ _watcher = import_watch.Watcher("torch", lambda: _apply_waiting())
 def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
             eager_backward: bool = True, config_follows_thread: bool = True,
             compile_once: bool = True, concurrent_compiles: bool = False,
-            rng_not_rewound: bool = True, cuda_graphs_per_thread: bool = False) -> dict:
+            rng_not_rewound: bool = True, cuda_graphs_per_thread: bool = True) -> dict:
     """Make torch's trace state per-thread.  Idempotent; returns status().
 
     Every option is keyword-only and True or False (anything else: TypeError):
@@ -71,7 +71,7 @@ def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
     - ``rng_not_rewound``: a compile no longer sets the CPU and CUDA random
       generators back while other threads run, so their draws are never
       repeated (single-threaded, the restore happens as stock).
-    - ``cuda_graphs_per_thread`` (off by default until run on a GPU): CUDA graphs (``mode="reduce-overhead"``) run
+    - ``cuda_graphs_per_thread``: CUDA graphs (``mode="reduce-overhead"``) run
       per thread: each thread's own trees and callable, its own step marks
       and generations (carried into the autograd workers running its
       backward); warm-up and recording one at a time per device

@@ -141,8 +141,13 @@ def test_a_thread_with_trees_of_its_own_reads_the_ones_it_is_handed(guard):
         fxguard.uninstall()
 
 
-def test_option_off_by_default_keeps_stock():
+def test_option_on_by_default():
     rows = {r["what"]: r for r in fxguard.install()["patch_points"]}
+    assert rows["CUDA-graph steps per thread"]["patched"]
+
+
+def test_option_off_keeps_stock():
+    rows = {r["what"]: r for r in fxguard.install(cuda_graphs_per_thread=False)["patch_points"]}
     assert rows["CUDA-graph steps per thread"]["reason"] == "option off"
     in_thread(trees.mark_step_begin)
     assert Manager.user_invoked_mark_step()  # stock: the other thread's mark

@@ -59,7 +59,7 @@ class Options:
     compile_once: bool = True
     concurrent_compiles: bool = False
     rng_not_rewound: bool = True
-    cuda_graphs_per_thread: bool = False  # until a GPU run verifies it (docs/cuda-graphs.md)
+    cuda_graphs_per_thread: bool = True
 
     def __getitem__(self, name: str) -> bool:
         return getattr(self, name)

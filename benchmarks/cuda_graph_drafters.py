@@ -53,7 +53,9 @@ FXGUARD_OPTIONS = {"cuda_graphs_per_thread": True}
 MODES = ("threads-fast", "threads-plain", "one-plain", "one-fast", "processes-fast", "threads-fast-stock")
 ONE_THREAD = ("one-plain", "one-fast")
 # Diagnosis: DRAFTER_LENGTHS=256, one length, so no step starts another graph;
-# DRAFTER_FAST=model, only some pieces of the fast step; DRAFTER_NO_GC=1, no cyclic GC.
+# DRAFTER_FAST=model, only some pieces of the fast step (mask, model, optimizer), or
+# more graphed ones: mask-in-graph (the block mask built inside the model's graph),
+# optimizer-graphed (the optimizer step under reduce-overhead); DRAFTER_NO_GC=1, no cyclic GC.
 LENGTHS = tuple(int(n) for n in os.environ.get("DRAFTER_LENGTHS", "256,512").split(","))
 FAST_PIECES = tuple(os.environ.get("DRAFTER_FAST", "mask,model,optimizer").split(","))
 BATCH, VOCAB, HIDDEN, HEADS, LAYERS = 2, 4096, 256, 4, 2
@@ -61,7 +63,7 @@ BATCH, VOCAB, HIDDEN, HEADS, LAYERS = 2, 4096, 256, 4, 2
 
 def build(torch, seed: int, device: str):
     from torch import nn
-    from torch.nn.attention.flex_attention import flex_attention
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     class Layer(nn.Module):
         def __init__(self) -> None:
@@ -86,7 +88,10 @@ def build(torch, seed: int, device: str):
             self.layers = nn.ModuleList(Layer() for _ in range(LAYERS))
             self.norm, self.head = nn.RMSNorm(HIDDEN), nn.Linear(HIDDEN, VOCAB)
 
-        def forward(self, ids, labels, block_mask):
+        def forward(self, ids, labels, block_mask=None):
+            if block_mask is None:  # piece "mask-in-graph": built inside the compiled graph
+                b, s = ids.shape
+                block_mask = create_block_mask(causal, b, None, s, s, device=ids.device)
             x = self.embed(ids)
             for layer in self.layers:
                 x = layer(x, block_mask)
@@ -134,7 +139,8 @@ class Drafters:
         fast = FAST_PIECES if self.fast else ()
         forward = torch.compile(model, dynamic=False,
                                 **({"mode": "reduce-overhead"} if "model" in fast else {}))
-        opt_step = torch.compile(opt.step) if "optimizer" in fast else opt.step
+        opt_step = (torch.compile(opt.step, mode="reduce-overhead") if "optimizer-graphed" in fast
+                    else torch.compile(opt.step) if "optimizer" in fast else opt.step)
         # Each drafter's data from a generator of its own (as a drafter's own stream),
         # clear of torch <= 2.11's default CUDA generator, which a recording in another
         # thread marks as capturing (docs/cuda-graphs.md: not measured yet).
@@ -145,8 +151,8 @@ class Drafters:
             n += 1
             ids = torch.randint(0, VOCAB, (BATCH, length), device=self.device, generator=data)
             try:
-                mask = create_block_mask(causal, BATCH, None, length, length, device=self.device,
-                                         _compile="mask" in fast)
+                mask = None if "mask-in-graph" in fast else create_block_mask(
+                    causal, BATCH, None, length, length, device=self.device, _compile="mask" in fast)
                 loss = forward(ids, ids, mask)
                 loss.backward()
                 opt_step()

@@ -66,20 +66,19 @@ class Probe:
             finally:
                 probe._inside.depth = 0
                 probe._add(("tree", threading.current_thread().name, "in tree of",
-                            getattr(self, "_probe_maker", "?"), str(self.mode).rsplit(".", 1)[-1],
+                            getattr(self, "_probe_maker", "?"), self.mode.name,
                             probe._inside.path), time.perf_counter() - t)
         manager._run = outer_run
         check = self.trees.CUDAGraphNode.check_invariants
 
         def checked(self, *args, **kwargs):
             status, log = check(self, *args, **kwargs)
-            probe._add(("check", threading.current_thread().name, str(status).rsplit(".", 1)[-1]), 0.0)
-            if str(status).endswith("SUCCESS") is False and probe.counts[("why",)] < 20:
-                probe._add(("why",), 0.0)
+            probe._add(("check", threading.current_thread().name, status.name), 0.0)
+            if status.name != "SUCCESS" and len(probe.reasons) < 20:  # the first few, in full
                 try:
                     probe.reasons.append(str(log())[:600])
                 except Exception as e:  # the reason's own logger may want other arguments
-                    probe.reasons.append(f"{status}: {e!r}")
+                    probe.reasons.append(f"{status.name}: {e!r}")
             return status, log
         self.trees.CUDAGraphNode.check_invariants = checked
 

@@ -55,9 +55,12 @@ ONE_THREAD = ("one-plain", "one-fast")
 # Diagnosis: DRAFTER_LENGTHS=256, one length, so no step starts another graph;
 # DRAFTER_FAST=model, only some pieces of the fast step (mask, model, optimizer), or
 # more graphed ones: mask-in-graph (the block mask built inside the model's graph),
-# optimizer-graphed (the optimizer step under reduce-overhead); DRAFTER_NO_GC=1, no cyclic GC.
+# optimizer-graphed (the optimizer step under reduce-overhead); DRAFTER_NO_GC=1, no cyclic GC;
+# DRAFTER_STREAMS=0, every drafter on the default stream.  A report names those set.
+KNOBS = ("DRAFTER_LENGTHS", "DRAFTER_FAST", "DRAFTER_NO_GC", "DRAFTER_STREAMS")
 LENGTHS = tuple(int(n) for n in os.environ.get("DRAFTER_LENGTHS", "256,512").split(","))
 FAST_PIECES = tuple(os.environ.get("DRAFTER_FAST", "mask,model,optimizer").split(","))
+OWN_STREAMS = os.environ.get("DRAFTER_STREAMS") != "0"
 BATCH, VOCAB, HIDDEN, HEADS, LAYERS = 2, 4096, 256, 4, 2
 
 
@@ -125,9 +128,9 @@ class Drafters:
         each step, and a backward's CUDA graph, which takes every saved forward
         input as static, records anew each step (docs/cuda-graphs.md)."""
         torch = self.torch
-        own = self.device == "cuda" and os.environ.get("DRAFTER_STREAMS", "1") == "1"
         if self.device == "cuda":
             torch.cuda.set_device(0)
+        own = self.device == "cuda" and OWN_STREAMS
         with torch.cuda.stream(torch.cuda.Stream()) if own else contextlib.nullcontext():
             self._steps(i)
 
@@ -180,7 +183,7 @@ def child(mode: str, threads: int, seconds: float, out: str, ready_dir: str | No
         gc.disable()
     if probe:
         import _cuda_graph_probe
-        probe = _cuda_graph_probe.Probe()
+        prober = _cuda_graph_probe.Probe()
     drafters = Drafters(threads, fast="fast" in mode, device=device)
     workers = [threading.Thread(target=drafters.run, args=(i,), daemon=True, name=f"drafter-{i}")
                for i in range(threads)]
@@ -194,13 +197,13 @@ def child(mode: str, threads: int, seconds: float, out: str, ready_dir: str | No
         while len(os.listdir(ready_dir)) < int(os.environ["DRAFTER_PROCESSES"]) and time.perf_counter() < deadline:
             time.sleep(0.05)
     if probe:
-        probe.start_sampling()
-        probed = probe.snapshot()
+        prober.start_sampling()
+        before = prober.snapshot()
     steps0, cpu0, t0 = list(drafters.steps), list(drafters.cpu), time.perf_counter()
     time.sleep(seconds)
     steps1, cpu1, t1 = list(drafters.steps), list(drafters.cpu), time.perf_counter()
     if probe:
-        probed = probe.report(probed, probe.snapshot())
+        probed = prober.report(before, prober.snapshot())
     if ready_dir:
         time.sleep(2)  # keep stepping while the others end their windows
     drafters.stop.set()
@@ -358,11 +361,9 @@ def main() -> int:
     report = {**_harness.envelope("cuda_graph_drafters", import_torch=True),
               "args": {"seconds": args.seconds, "modes": args.modes, "device": args.device,
                        **({"probe": True} if args.probe else {}),
-                       **({"lengths": LENGTHS} if LENGTHS != (256, 512) else {}),
-                       **({"fast": FAST_PIECES} if FAST_PIECES != ("mask", "model", "optimizer") else {}),
-                       **({"no_gc": True} if os.environ.get("DRAFTER_NO_GC") else {})},
+                       **{k: os.environ[k] for k in KNOBS if k in os.environ}},
               "fxguard_options": FXGUARD_OPTIONS,
-              "drafter_streams": "default" if os.environ.get("DRAFTER_STREAMS") == "0" else "own",
+              "drafter_streams": ("own" if OWN_STREAMS else "default") if args.device == "cuda" else None,
               "modes": {}}
     report["modes"] = _resumed(args.resume, report)
     output = _harness.Output(args)

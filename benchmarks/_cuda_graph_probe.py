@@ -2,7 +2,8 @@
 
 Counts, per thread, what each CUDA-graph tree call became (warm-up, recording,
 replay, the compiled code run directly), device syncs, time waiting for the
-capture lock, and samples every thread's innermost frames.  For diagnosis:
+capture lock, samples every thread's innermost frames, and how often a thread
+that wakes finds the GIL taken (its wait for it past a threshold).  For diagnosis:
 its own wrapping costs time, so a probed run's figures are not recorded.
 """
 from __future__ import annotations
@@ -141,6 +142,22 @@ class Probe:
                     self.stacks[names.get(ident, str(ident))][" < ".join(parts)] += 1
         threading.Thread(target=sample, daemon=True, name="probe-sampler").start()
 
+    def start_gil_watch(self, nap: float = 0.0005, late: float = 0.0003) -> None:
+        """A thread that naps and counts the wakes whose GIL came late: at wakes spread
+        over the window, the share of them is about the share of time the GIL is held."""
+        self.gil = {"wakes": 0, "late": 0, "late_s": 0.0}
+
+        def watch() -> None:
+            while not self._sampling.is_set():
+                t = time.perf_counter()
+                time.sleep(nap)
+                over = time.perf_counter() - t - nap
+                self.gil["wakes"] += 1
+                if over > late:
+                    self.gil["late"] += 1
+                    self.gil["late_s"] += over
+        threading.Thread(target=watch, daemon=True, name="probe-gil-watch").start()
+
     def snapshot(self) -> tuple:
         with self._lock:
             return collections.Counter(self.counts), collections.Counter(self.seconds)
@@ -152,7 +169,34 @@ class Probe:
         return {
             "calls": {" ".join(k): [counts[k], round(seconds[k], 3)] for k in rows},
             "reasons": self.reasons[:20],
+            "gil": {**self.gil, "late_s": round(self.gil["late_s"], 3),
+                    "share_of_wakes_late": round(self.gil["late"] / max(self.gil["wakes"], 1), 3)}
+                   if hasattr(self, "gil") else None,
             "stack_samples": {name: c.most_common(8) for name, c in self.stacks.items()},
             "cudagraph_counters": {k: dict(v) for k, v in self.torch._dynamo.utils.counters.items()
                                    if k in ("inductor", "stats") and v},
         }
+
+
+def summary(mode: dict) -> str:
+    """One line of a probed mode: rate, fairness, CPU, the GIL, the phases."""
+    if "steps_in_window" not in mode:
+        return f"{mode.get('mode')}: {mode.get('status')} {str(mode.get('detail', ''))[-300:]}"
+    gil = (mode.get("probe") or {}).get("gil") or {}
+    phases = " ".join(f"{k}={v['wall']}/{v['cpu']}" for k, v in mode.get("phase_ms_per_step", {}).items())
+    calls = (mode.get("probe") or {}).get("calls", {})
+    records = sum(n for k, (n, _) in calls.items() if "record_function" in k)
+    return (f"{mode['mode']}: {mode.get('steps_per_s')} steps/s {mode['steps_in_window']} fair {mode.get('fairness')} "
+            f"cpu {mode['cpu_s_per_step']} proc {mode.get('process_cpu_s_per_step')} gil_late {gil.get('share_of_wakes_late')} "
+            f"records {records} errors {mode['errors']} {mode['error_kinds']} graphs {mode['graphs']} | ms wall/cpu {phases}")
+
+
+if __name__ == "__main__":
+    import json
+    for path in sys.argv[1:]:
+        with open(path) as f:
+            report = json.load(f)
+        print(path, report.get("args"))
+        for mode in report.get("modes", {}).values():
+            print(summary(mode))
+        print(report.get("ratios"))

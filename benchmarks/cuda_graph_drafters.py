@@ -14,9 +14,9 @@ Modes, each in fresh processes with empty compile caches:
 ``threads-fast`` (3 threads, fxguard), ``threads-plain`` (3 threads, fxguard),
 ``one-plain`` and ``one-fast`` (1 thread, fxguard), ``processes-fast`` (3 processes, one drafter each,
 stock torch: what threads replace), ``threads-fast-stock`` (3 threads, no
-fxguard).  Figures: time until every drafter ran every length, then a window
+fxguard), ``one-fast-stock`` (1 thread, no fxguard: what fxguard costs a step).  Figures: time until every drafter ran every length, then a window
 in which all run: steps per second (all drafters together), CPU seconds per
-step, fairness (slowest drafter's steps ÷ fastest's), errors, and the GPU
+step and per phase of a step, fairness (slowest drafter's steps ÷ fastest's), errors, and the GPU
 memory in use at peak (the parent polls the device; CUDA contexts included).
 
     python benchmarks/cuda_graph_drafters.py [--modes ...] [--seconds 20] [--json out.json] [--save]
@@ -50,8 +50,13 @@ import _harness
 # The option the fast step needs, named so the report says so; the plain modes take it
 # too, so both sides run under the same rows.
 FXGUARD_OPTIONS = {"cuda_graphs_per_thread": True}
-MODES = ("threads-fast", "threads-plain", "one-plain", "one-fast", "processes-fast", "threads-fast-stock")
-ONE_THREAD = ("one-plain", "one-fast")
+MODES = ("threads-fast", "threads-plain", "one-plain", "one-fast", "processes-fast", "threads-fast-stock",
+         "one-fast-stock")
+ONE_THREAD = ("one-plain", "one-fast", "one-fast-stock")
+WITH_FXGUARD = ("threads-fast", "threads-plain", "one-plain", "one-fast")
+# Where a step's time goes, per drafter: wall and thread CPU of each phase.  CPU counts
+# CUDA's spin in the step's sync (.item), and not time spent waiting for the GIL.
+PHASES = ("mask", "forward", "backward", "optimizer", "zero_grad", "item")
 # Diagnosis: DRAFTER_LENGTHS=256, one length, so no step starts another graph;
 # DRAFTER_FAST=model, only some pieces of the fast step (mask, model, optimizer), or
 # more graphed ones: mask-in-graph (the block mask built inside the model's graph),
@@ -116,6 +121,7 @@ class Drafters:
         import torch
         self.torch, self.n, self.fast, self.device = torch, n, fast, device
         self.steps, self.cpu = [0] * n, [0.0] * n
+        self.phases = [[[0.0, 0.0] for _ in PHASES] for _ in range(n)]  # [wall, cpu] per phase
         self.all_lengths: dict[int, float] = {}
         self.errors: list[str] = []
         self.stop = threading.Event()
@@ -154,13 +160,20 @@ class Drafters:
             n += 1
             ids = torch.randint(0, VOCAB, (BATCH, length), device=self.device, generator=data)
             try:
+                clock = _PhaseClock(self.phases[i])
                 mask = None if "mask-in-graph" in fast else create_block_mask(
                     causal, BATCH, None, length, length, device=self.device, _compile="mask" in fast)
+                clock.tick(0)
                 loss = forward(ids, ids, mask)
+                clock.tick(1)
                 loss.backward()
+                clock.tick(2)
                 opt_step()
+                clock.tick(3)
                 opt.zero_grad(set_to_none=True)
+                clock.tick(4)
                 loss.item()  # the step's end (a drafter reads its loss)
+                clock.tick(5)
             except Exception as e:  # counted, the drafter goes on
                 self.errors.append(_harness.error_kind(e))
                 if len(self.errors) > 100:
@@ -172,10 +185,33 @@ class Drafters:
                 self.all_lengths[i] = time.perf_counter() - self.start
 
 
+class _PhaseClock:
+    """Adds each phase's wall and thread CPU time to a drafter's totals."""
+
+    def __init__(self, totals: list) -> None:
+        self.totals, self.wall, self.cpu = totals, time.perf_counter(), time.thread_time()
+
+    def tick(self, phase: int) -> None:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        self.totals[phase][0] += wall - self.wall
+        self.totals[phase][1] += cpu - self.cpu
+        self.wall, self.cpu = wall, cpu
+
+
+def _phase_ms(before: list, after: list, steps: int) -> dict:
+    """Each phase's mean wall and CPU milliseconds per step over a window, all drafters."""
+    out = {}
+    for k, name in enumerate(PHASES):
+        wall = sum(a[k][0] - b[k][0] for a, b in zip(after, before))
+        cpu = sum(a[k][1] - b[k][1] for a, b in zip(after, before))
+        out[name] = {"wall": round(1e3 * wall / max(steps, 1), 3), "cpu": round(1e3 * cpu / max(steps, 1), 3)}
+    return out
+
+
 def child(mode: str, threads: int, seconds: float, out: str, ready_dir: str | None,
           device: str, probe: bool = False) -> None:
     import torch
-    if mode in ("threads-fast", "threads-plain", *ONE_THREAD):
+    if mode in WITH_FXGUARD:
         import fxguard
         fxguard.install(**FXGUARD_OPTIONS)
     if os.environ.get("DRAFTER_NO_GC"):
@@ -198,10 +234,15 @@ def child(mode: str, threads: int, seconds: float, out: str, ready_dir: str | No
             time.sleep(0.05)
     if probe:
         prober.start_sampling()
+        prober.start_gil_watch()
         before = prober.snapshot()
-    steps0, cpu0, t0 = list(drafters.steps), list(drafters.cpu), time.perf_counter()
+    def phases():
+        return [[list(p) for p in d] for d in drafters.phases]
+    steps0, cpu0, phases0, t0 = list(drafters.steps), list(drafters.cpu), phases(), time.perf_counter()
+    process0 = time.process_time()
     time.sleep(seconds)
-    steps1, cpu1, t1 = list(drafters.steps), list(drafters.cpu), time.perf_counter()
+    steps1, cpu1, phases1, t1 = list(drafters.steps), list(drafters.cpu), phases(), time.perf_counter()
+    process1 = time.process_time()
     if probe:
         probed = prober.report(before, prober.snapshot())
     if ready_dir:
@@ -216,6 +257,9 @@ def child(mode: str, threads: int, seconds: float, out: str, ready_dir: str | No
         "time_until_all_lengths_s": (round(max(drafters.all_lengths.values()), 2)
                                      if len(drafters.all_lengths) == threads else None),
         "cpu_s_per_step": round(cpu / max(sum(window), 1), 5),
+        # every thread's: the autograd engine's device thread runs CUDA backwards
+        "process_cpu_s_per_step": round((process1 - process0) / max(sum(window), 1), 5),
+        "phase_ms_per_step": _phase_ms(phases0, phases1, sum(window)),
         "errors": len(drafters.errors), "error_kinds": sorted(set(drafters.errors))[:5],
         "graphs": int(torch._dynamo.utils.counters["stats"]["unique_graphs"]),
     }
@@ -297,8 +341,11 @@ def _processes(mode: str, argv: list[str], seconds: float, n: int = 3) -> dict:
     return {"mode": mode, "drafters": n, "steps_in_window": steps,
             "window_s": max(p["window_s"] for p in parts),
             "time_until_all_lengths_s": max(p["time_until_all_lengths_s"] or 1e9 for p in parts),
-            "cpu_s_per_step": round(sum(p["cpu_s_per_step"] * s for p, s in zip(parts, steps))
-                                    / max(sum(steps), 1), 5),
+            **{key: round(sum(p[key] * s for p, s in zip(parts, steps)) / max(sum(steps), 1), 5)
+               for key in ("cpu_s_per_step", "process_cpu_s_per_step")},
+            "phase_ms_per_step": {name: {k: round(sum(p["phase_ms_per_step"][name][k] * s for p, s in zip(parts, steps))
+                                                  / max(sum(steps), 1), 3) for k in ("wall", "cpu")}
+                                  for name in PHASES},
             "errors": sum(p["errors"] for p in parts),
             "error_kinds": sorted({k for p in parts for k in p["error_kinds"]})[:5],
             "graphs": sum(p["graphs"] for p in parts)}

@@ -4,6 +4,8 @@
 #   tools/on_device.sh build          build and install fxguard into python3
 #   tools/on_device.sh tests [ARGS]   the GPU tests (default: -m gpu), from outside the checkout
 #   tools/on_device.sh bench MODES    benchmarks/cuda_graph_drafters.py --save, MODES added to one report
+#   tools/on_device.sh probe MODES TAG  the same modes under --probe (diagnosis, not saved) into
+#                                     $OUT/probe-TAG.json, a line per mode on stdout; DRAFTER_* knobs pass through
 # Each step runs under `timeout` so a call ends with what it measured.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +36,13 @@ case "$step" in
       --resume "$part" --json "$part" --save 2>&1 | tail -20
     cp "$part" "$out/" 2>/dev/null
     cp -r benchmarks/results/cuda_graph_drafters "$out/results" 2>/dev/null
+    ;;
+  probe)
+    modes=${1:?modes, comma-separated}
+    tag=${2:?a tag for the report file}
+    timeout 560 python3 benchmarks/cuda_graph_drafters.py --modes "$modes" --seconds "${SECONDS_WINDOW:-8}" \
+      --probe --json "$out/probe-$tag.json" > "$out/probe-$tag.log" 2>&1
+    python3 benchmarks/_cuda_graph_probe.py "$out/probe-$tag.json"
     ;;
   *) echo "unknown step: $step" >&2; exit 2 ;;
 esac

@@ -63,8 +63,11 @@ PHASES = ("mask", "forward", "backward", "optimizer", "zero_grad", "item")
 # DRAFTER_FAST=model, only some pieces of the fast step (mask, model, optimizer), or
 # others: mask-flag (create_block_mask(_compile=True) each step), mask-in-graph (the block mask built inside the model's graph),
 # optimizer-graphed (the optimizer step under reduce-overhead); DRAFTER_NO_GC=1, no cyclic GC;
-# DRAFTER_STREAMS=0, every drafter on the default stream.  A report names those set.
-KNOBS = ("DRAFTER_LENGTHS", "DRAFTER_FAST", "DRAFTER_NO_GC", "DRAFTER_STREAMS")
+# DRAFTER_STREAMS=0, every drafter on the default stream; DRAFTER_SWITCH_INTERVAL=0.0005,
+# sys.setswitchinterval (how long a thread that wants the GIL waits before it asks the
+# holder to drop it: the autograd worker that runs every thread's backward waits so).
+# A report names those set.
+KNOBS = ("DRAFTER_LENGTHS", "DRAFTER_FAST", "DRAFTER_NO_GC", "DRAFTER_STREAMS", "DRAFTER_SWITCH_INTERVAL")
 LENGTHS = tuple(int(n) for n in os.environ.get("DRAFTER_LENGTHS", "256,512").split(","))
 FAST_PIECES = tuple(os.environ.get("DRAFTER_FAST", "mask,model,optimizer").split(","))
 OWN_STREAMS = os.environ.get("DRAFTER_STREAMS") != "0"
@@ -164,6 +167,8 @@ class Drafters:
             n += 1
             ids = torch.randint(0, VOCAB, (BATCH, length), device=self.device, generator=data)
             try:
+                if "optimizer-graphed" in fast:  # two graphed calls a step: say where one begins
+                    torch.compiler.cudagraph_mark_step_begin()
                 clock = _PhaseClock(self.phases[i])
                 mask = None if "mask-in-graph" in fast else make_mask(
                     causal, BATCH, None, length, length, device=self.device, **mask_flag)
@@ -218,6 +223,8 @@ def child(mode: str, threads: int, seconds: float, out: str, ready_dir: str | No
     if mode in WITH_FXGUARD:
         import fxguard
         fxguard.install(**FXGUARD_OPTIONS)
+    if os.environ.get("DRAFTER_SWITCH_INTERVAL"):
+        sys.setswitchinterval(float(os.environ["DRAFTER_SWITCH_INTERVAL"]))
     if os.environ.get("DRAFTER_NO_GC"):
         import gc
         gc.disable()

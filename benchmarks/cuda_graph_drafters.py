@@ -66,8 +66,11 @@ PHASES = ("mask", "forward", "backward", "optimizer", "zero_grad", "item")
 # DRAFTER_STREAMS=0, every drafter on the default stream; DRAFTER_SWITCH_INTERVAL=0.0005,
 # sys.setswitchinterval (how long a thread that wants the GIL waits before it asks the
 # holder to drop it: the autograd worker that runs every thread's backward waits so).
-# A report names those set.
-KNOBS = ("DRAFTER_LENGTHS", "DRAFTER_FAST", "DRAFTER_NO_GC", "DRAFTER_STREAMS", "DRAFTER_SWITCH_INTERVAL")
+# DRAFTER_BACKWARD_HERE=1, each drafter's backward on its own thread
+# (torch.autograd.set_multithreading_enabled(False), thread-local), not on the one
+# autograd worker per device that otherwise runs every thread's.  A report names those set.
+KNOBS = ("DRAFTER_LENGTHS", "DRAFTER_FAST", "DRAFTER_NO_GC", "DRAFTER_STREAMS", "DRAFTER_SWITCH_INTERVAL",
+         "DRAFTER_BACKWARD_HERE")
 LENGTHS = tuple(int(n) for n in os.environ.get("DRAFTER_LENGTHS", "256,512").split(","))
 FAST_PIECES = tuple(os.environ.get("DRAFTER_FAST", "mask,model,optimizer").split(","))
 OWN_STREAMS = os.environ.get("DRAFTER_STREAMS") != "0"
@@ -142,7 +145,9 @@ class Drafters:
         if self.device == "cuda":
             torch.cuda.set_device(0)
         own = self.device == "cuda" and OWN_STREAMS
-        with torch.cuda.stream(torch.cuda.Stream()) if own else contextlib.nullcontext():
+        here = os.environ.get("DRAFTER_BACKWARD_HERE") == "1"
+        with torch.cuda.stream(torch.cuda.Stream()) if own else contextlib.nullcontext(), \
+                torch.autograd.set_multithreading_enabled(False) if here else contextlib.nullcontext():
             self._steps(i)
 
     def _steps(self, i: int) -> None:

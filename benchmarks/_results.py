@@ -171,6 +171,10 @@ HEADLINES = {
     "cuda_graph_drafters": [
         # Reports before the stream per drafter ran every drafter on the default stream.
         ("CUDA streams", lambda r: r.get("drafter_streams", "default")),
+        # Reports before the field made the mask with _compile=True each step.
+        ("fast step's mask", lambda r: r.get("fast_mask", "_compile=True each step")),
+        ("switch interval", lambda r: (f"{1e3 * float(r['args']['DRAFTER_SWITCH_INTERVAL']):g} ms"
+                                       if "DRAFTER_SWITCH_INTERVAL" in r.get("args", {}) else "5 ms (default)")),
         ("steps/s: " + " / ".join(GRAPH_MODES), lambda r: modes(r, GRAPH_MODES, "steps_per_s",
                                                                lambda x: num(x, "{:.1f}"))),
         ("fast ÷ plain threads", lambda r: ratio(r.get("ratios", {}).get("fast_vs_plain_threads"))),

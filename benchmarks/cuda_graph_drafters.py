@@ -77,6 +77,13 @@ OWN_STREAMS = os.environ.get("DRAFTER_STREAMS") != "0"
 BATCH, VOCAB, HIDDEN, HEADS, LAYERS = 2, 4096, 256, 4, 2
 
 
+def fast_mask() -> str:
+    """How the fast step makes its block mask (reports before this field: _compile=True)."""
+    return ("in the model's graph" if "mask-in-graph" in FAST_PIECES else
+            "_compile=True each step" if "mask-flag" in FAST_PIECES else
+            "compiled once" if "mask" in FAST_PIECES else "eager")
+
+
 def build(torch, seed: int, device: str):
     from torch import nn
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -391,7 +398,8 @@ def _resumed(path: str | None, report: dict) -> dict:
         return {}
     with open(path) as f:
         earlier = json.load(f)
-    same = all(earlier.get(k) == report.get(k) for k in ("torch", "fxguard", "commit", "machine", "drafter_streams")) and \
+    same = all(earlier.get(k) == report.get(k)
+               for k in ("torch", "fxguard", "commit", "machine", "drafter_streams", "fast_mask")) and \
         {k: v for k, v in earlier.get("args", {}).items() if k != "modes"} == \
         {k: v for k, v in report["args"].items() if k != "modes"}
     if not same:
@@ -427,6 +435,7 @@ def main() -> int:
                        **{k: os.environ[k] for k in KNOBS if k in os.environ}},
               "fxguard_options": FXGUARD_OPTIONS,
               "drafter_streams": ("own" if OWN_STREAMS else "default") if args.device == "cuda" else None,
+              "fast_mask": fast_mask(),
               "modes": {}}
     report["modes"] = _resumed(args.resume, report)
     output = _harness.Output(args)

@@ -12,7 +12,6 @@ import collections
 import sys
 import threading
 import time
-from typing import Any
 
 PATHS = ("run_eager", "record_function", "execute_node")
 
@@ -186,9 +185,10 @@ def summary(mode: dict) -> str:
     phases = " ".join(f"{k}={v['wall']}/{v['cpu']}" for k, v in mode.get("phase_ms_per_step", {}).items())
     calls = (mode.get("probe") or {}).get("calls", {})
     records = sum(n for k, (n, _) in calls.items() if "record_function" in k)
-    return (f"{mode['mode']}: {mode.get('steps_per_s')} steps/s {mode['steps_in_window']} fair {mode.get('fairness')} "
-            f"cpu {mode['cpu_s_per_step']} proc {mode.get('process_cpu_s_per_step')} gil_late {gil.get('share_of_wakes_late')} "
-            f"records {records} errors {mode['errors']} {mode['error_kinds']} graphs {mode['graphs']} | ms wall/cpu {phases}")
+    return (f"{mode['mode']}: {mode.get('steps_per_s')} steps/s {mode['steps_in_window']} "
+            f"fair {mode.get('fairness')} cpu {mode['cpu_s_per_step']} proc {mode.get('process_cpu_s_per_step')} "
+            f"gil_late {gil.get('share_of_wakes_late')} records {records} errors {mode['errors']} "
+            f"{mode['error_kinds']} graphs {mode['graphs']} | ms wall/cpu {phases}")
 
 
 if __name__ == "__main__":

@@ -14,12 +14,16 @@ GPU.  Two steps:
 
 Modes, each in fresh processes with empty compile caches:
 ``threads-fast`` (3 threads, fxguard), ``threads-plain`` (3 threads, fxguard),
-``one-plain`` and ``one-fast`` (1 thread, fxguard), ``processes-fast`` (3 processes, one drafter each,
-stock torch: what threads replace), ``threads-fast-stock`` (3 threads, no
-fxguard), ``one-fast-stock`` (1 thread, no fxguard: what fxguard costs a step).  Figures: time until every drafter ran every length, then a window
-in which all run: steps per second (all drafters together), CPU seconds per
-step and per phase of a step, fairness (slowest drafter's steps ÷ fastest's), errors, and the GPU
-memory in use at peak (the parent polls the device; CUDA contexts included).
+``one-plain`` and ``one-fast`` (1 thread, fxguard), ``processes-fast`` (3
+processes, one drafter each, stock torch: what threads replace),
+``threads-fast-stock`` (3 threads, no fxguard), ``one-fast-stock`` (1 thread,
+no fxguard: what fxguard costs a step; on torch <= 2.12 not under --probe,
+whose import of the trees in the main thread leaves the drafter's without).
+Figures: time until every drafter ran every length, then a window in which all
+run: steps per second (all drafters together), CPU seconds per step (the
+drafters' threads, and the process's) and per phase of a step, fairness
+(slowest drafter's steps ÷ fastest's), errors, and the GPU memory in use at
+peak (the parent polls the device; CUDA contexts included).
 
     python benchmarks/cuda_graph_drafters.py [--modes ...] [--seconds 20] [--json out.json] [--save]
         [--resume part.json]
@@ -61,8 +65,9 @@ WITH_FXGUARD = ("threads-fast", "threads-plain", "one-plain", "one-fast")
 PHASES = ("mask", "forward", "backward", "optimizer", "zero_grad", "item")
 # Diagnosis: DRAFTER_LENGTHS=256, one length, so no step starts another graph;
 # DRAFTER_FAST=model, only some pieces of the fast step (mask, model, optimizer), or
-# others: mask-flag (create_block_mask(_compile=True) each step), mask-in-graph (the block mask built inside the model's graph),
-# optimizer-graphed (the optimizer step under reduce-overhead); DRAFTER_NO_GC=1, no cyclic GC;
+# others: mask-flag (create_block_mask(_compile=True) each step), mask-in-graph (the
+# block mask built inside the model's graph), optimizer-graphed (the optimizer step
+# under reduce-overhead); DRAFTER_NO_GC=1, no cyclic GC;
 # DRAFTER_STREAMS=0, every drafter on the default stream; DRAFTER_SWITCH_INTERVAL=0.0005,
 # sys.setswitchinterval (how long a thread that wants the GIL waits before it asks the
 # holder to drop it: the autograd worker that runs every thread's backward waits so).
@@ -361,14 +366,16 @@ def _processes(mode: str, argv: list[str], seconds: float, n: int = 3) -> dict:
             return {"mode": mode, "status": "failed", "detail": "\n".join(tails)}
         parts = [json.load(open(o)) for o in outs]
     steps = [p["steps_in_window"][0] for p in parts]
+
+    def per_step(figure) -> float:  # the processes' figure, weighted by their steps
+        return sum(figure(p) * n for p, n in zip(parts, steps)) / max(sum(steps), 1)
     return {"mode": mode, "drafters": n, "steps_in_window": steps,
             "window_s": max(p["window_s"] for p in parts),
             "time_until_all_lengths_s": max(p["time_until_all_lengths_s"] or 1e9 for p in parts),
-            **{key: round(sum(p[key] * s for p, s in zip(parts, steps)) / max(sum(steps), 1), 5)
+            **{key: round(per_step(lambda p, k=key: p[k]), 5)
                for key in ("cpu_s_per_step", "process_cpu_s_per_step")},
-            "phase_ms_per_step": {name: {k: round(sum(p["phase_ms_per_step"][name][k] * s for p, s in zip(parts, steps))
-                                                  / max(sum(steps), 1), 3) for k in ("wall", "cpu")}
-                                  for name in PHASES},
+            "phase_ms_per_step": {name: {k: round(per_step(lambda p, n=name, k=k: p["phase_ms_per_step"][n][k]), 3)
+                                         for k in ("wall", "cpu")} for name in PHASES},
             "errors": sum(p["errors"] for p in parts),
             "error_kinds": sorted({k for p in parts for k in p["error_kinds"]})[:5],
             "graphs": sum(p["graphs"] for p in parts)}

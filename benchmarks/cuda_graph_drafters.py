@@ -73,9 +73,12 @@ PHASES = ("mask", "forward", "backward", "optimizer", "zero_grad", "item")
 # holder to drop it: the autograd worker that runs every thread's backward waits so).
 # DRAFTER_BACKWARD_HERE=1, each drafter's backward on its own thread
 # (torch.autograd.set_multithreading_enabled(False), thread-local), not on the one
-# autograd worker per device that otherwise runs every thread's.  A report names those set.
+# autograd worker per device that otherwise runs every thread's; DRAFTER_FAIR_BACKWARD=1,
+# drafters start their backwards in turn (a first-come ticket), so the worker's queue,
+# which serves the highest per-thread sequence number first, holds one at a time.
+# A report names those set.
 KNOBS = ("DRAFTER_LENGTHS", "DRAFTER_FAST", "DRAFTER_NO_GC", "DRAFTER_STREAMS", "DRAFTER_SWITCH_INTERVAL",
-         "DRAFTER_BACKWARD_HERE")
+         "DRAFTER_BACKWARD_HERE", "DRAFTER_FAIR_BACKWARD")
 LENGTHS = tuple(int(n) for n in os.environ.get("DRAFTER_LENGTHS", "256,512").split(","))
 FAST_PIECES = tuple(os.environ.get("DRAFTER_FAST", "mask,model,optimizer").split(","))
 OWN_STREAMS = os.environ.get("DRAFTER_STREAMS") != "0"
@@ -134,6 +137,25 @@ def causal(b, h, q, kv):
     return q >= kv
 
 
+class Turns:
+    """First come, first served: ``with turns:`` waits for the holders of every
+    earlier ticket (threading.Lock promises no order among its waiters)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._next_ticket = self._serving = 0
+
+    def __enter__(self) -> None:
+        with self._cond:
+            ticket, self._next_ticket = self._next_ticket, self._next_ticket + 1
+            self._cond.wait_for(lambda: self._serving == ticket)
+
+    def __exit__(self, *exc) -> None:
+        with self._cond:
+            self._serving += 1
+            self._cond.notify_all()
+
+
 class Drafters:
     """n drafters stepping in threads of this process; counts per drafter."""
 
@@ -146,6 +168,8 @@ class Drafters:
         self.errors: list[str] = []
         self.stop = threading.Event()
         self.start = time.perf_counter()
+        fair = os.environ.get("DRAFTER_FAIR_BACKWARD") == "1"
+        self.backward_turns = Turns() if fair else contextlib.nullcontext()
 
     def run(self, i: int) -> None:
         """Drafter i's steps, on a CUDA stream of its own (DRAFTER_STREAMS=0: the
@@ -192,7 +216,8 @@ class Drafters:
                 clock.tick(0)
                 loss = forward(ids, ids, mask)
                 clock.tick(1)
-                loss.backward()
+                with self.backward_turns:
+                    loss.backward()
                 clock.tick(2)
                 opt_step()
                 clock.tick(3)

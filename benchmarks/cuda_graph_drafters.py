@@ -5,8 +5,8 @@ LM head, loss in the graph; B=2, lengths 256 and 512 in turn), training on one
 GPU.  Two steps:
 
 - *fast*: ``torch.compile(create_block_mask)`` made once per drafter (torch's
-  advice; ``_compile=True`` builds a new compile wrapper each call, about 0.5 ms
-  of Python), the model under
+  advice; ``_compile=True`` builds a new compile wrapper each call:
+  block_mask_call.py), the model under
   ``torch.compile(mode="reduce-overhead")`` (CUDA graphs), ``AdamW.step``
   compiled;
 - *plain*: the model under ``torch.compile`` (default mode), mask creation and
@@ -82,6 +82,10 @@ KNOBS = ("DRAFTER_LENGTHS", "DRAFTER_FAST", "DRAFTER_NO_GC", "DRAFTER_STREAMS", 
 LENGTHS = tuple(int(n) for n in os.environ.get("DRAFTER_LENGTHS", "256,512").split(","))
 FAST_PIECES = tuple(os.environ.get("DRAFTER_FAST", "mask,model,optimizer").split(","))
 OWN_STREAMS = os.environ.get("DRAFTER_STREAMS") != "0"
+SWITCH_INTERVAL = os.environ.get("DRAFTER_SWITCH_INTERVAL")
+NO_GC = bool(os.environ.get("DRAFTER_NO_GC"))
+BACKWARD_HERE = os.environ.get("DRAFTER_BACKWARD_HERE") == "1"
+FAIR_BACKWARD = os.environ.get("DRAFTER_FAIR_BACKWARD") == "1"
 BATCH, VOCAB, HIDDEN, HEADS, LAYERS = 2, 4096, 256, 4, 2
 
 
@@ -168,8 +172,7 @@ class Drafters:
         self.errors: list[str] = []
         self.stop = threading.Event()
         self.start = time.perf_counter()
-        fair = os.environ.get("DRAFTER_FAIR_BACKWARD") == "1"
-        self.backward_turns = Turns() if fair else contextlib.nullcontext()
+        self.backward_turns = Turns() if FAIR_BACKWARD else contextlib.nullcontext()
 
     def run(self, i: int) -> None:
         """Drafter i's steps, on a CUDA stream of its own (DRAFTER_STREAMS=0: the
@@ -181,9 +184,8 @@ class Drafters:
         if self.device == "cuda":
             torch.cuda.set_device(0)
         own = self.device == "cuda" and OWN_STREAMS
-        here = os.environ.get("DRAFTER_BACKWARD_HERE") == "1"
         with torch.cuda.stream(torch.cuda.Stream()) if own else contextlib.nullcontext(), \
-                torch.autograd.set_multithreading_enabled(False) if here else contextlib.nullcontext():
+                torch.autograd.set_multithreading_enabled(False) if BACKWARD_HERE else contextlib.nullcontext():
             self._steps(i)
 
     def _steps(self, i: int) -> None:
@@ -265,9 +267,9 @@ def child(mode: str, threads: int, seconds: float, out: str, ready_dir: str | No
     if mode in WITH_FXGUARD:
         import fxguard
         fxguard.install(**FXGUARD_OPTIONS)
-    if os.environ.get("DRAFTER_SWITCH_INTERVAL"):
-        sys.setswitchinterval(float(os.environ["DRAFTER_SWITCH_INTERVAL"]))
-    if os.environ.get("DRAFTER_NO_GC"):
+    if SWITCH_INTERVAL:
+        sys.setswitchinterval(float(SWITCH_INTERVAL))
+    if NO_GC:
         import gc
         gc.disable()
     if probe:
@@ -289,6 +291,7 @@ def child(mode: str, threads: int, seconds: float, out: str, ready_dir: str | No
         prober.start_sampling()
         prober.start_gil_watch()
         before = prober.snapshot()
+
     def phases():
         return [[list(p) for p in d] for d in drafters.phases]
     steps0, cpu0, phases0, t0 = list(drafters.steps), list(drafters.cpu), phases(), time.perf_counter()
@@ -399,8 +402,9 @@ def _processes(mode: str, argv: list[str], seconds: float, n: int = 3) -> dict:
             "time_until_all_lengths_s": max(p["time_until_all_lengths_s"] or 1e9 for p in parts),
             **{key: round(per_step(lambda p, k=key: p[k]), 5)
                for key in ("cpu_s_per_step", "process_cpu_s_per_step")},
-            "phase_ms_per_step": {name: {k: round(per_step(lambda p, n=name, k=k: p["phase_ms_per_step"][n][k]), 3)
-                                         for k in ("wall", "cpu")} for name in PHASES},
+            "phase_ms_per_step": {
+                name: {k: round(per_step(lambda p, n=name, k=k: p["phase_ms_per_step"][n][k]), 3)
+                       for k in ("wall", "cpu")} for name in PHASES},
             "errors": sum(p["errors"] for p in parts),
             "error_kinds": sorted({k for p in parts for k in p["error_kinds"]})[:5],
             "graphs": sum(p["graphs"] for p in parts)}
@@ -417,6 +421,7 @@ def ratios(modes: dict) -> dict:
                          ("fast_threads_vs_one_plain", "threads-fast", "one-plain", rate),
                          ("fast_threads_vs_processes", "threads-fast", "processes-fast", rate),
                          ("fast_threads_vs_one_fast", "threads-fast", "one-fast", rate),
+                         ("one_fast_vs_stock", "one-fast", "one-fast-stock", rate),
                          ("gpu_memory_threads_vs_processes", "threads-fast", "processes-fast", mem)):
         if f(a) and f(b):
             out[key] = round(f(a) / f(b), 3)
@@ -430,8 +435,8 @@ def _resumed(path: str | None, report: dict) -> dict:
         return {}
     with open(path) as f:
         earlier = json.load(f)
-    same = all(earlier.get(k) == report.get(k)
-               for k in ("torch", "fxguard", "commit", "machine", "drafter_streams", "fast_mask")) and \
+    # drafter_streams and fast_mask follow from the commit and the knobs in args
+    same = all(earlier.get(k) == report.get(k) for k in ("torch", "fxguard", "commit", "machine")) and \
         {k: v for k, v in earlier.get("args", {}).items() if k != "modes"} == \
         {k: v for k, v in report["args"].items() if k != "modes"}
     if not same:

@@ -168,13 +168,21 @@ HEADLINES = {
         ("graphs: " + " / ".join(ONCE_MODES),
          lambda r: modes(r, ONCE_MODES, lambda m: m["graphs"][0], text)),
     ],
+    "block_mask_call": [
+        (f"{who}, length {n}: `_compile=True` / compiled once, ms (ratio)",
+         lambda r, k=key, n=n: "{} / {} ({})".format(*(num(r[k][str(n)]["ms_per_call"][w], "{:.3f}")
+                                                      for w in ("_compile=True", "compiled once")),
+                                                    ratio(r[k][str(n)]["ratio"])))
+        for who, key in (("stock", "stock_torch"), ("fxguard", "with_fxguard")) for n in (128, 512)] + [
+        ("device", lambda r: r["args"]["device"])],
     "cuda_graph_drafters": [
         # Reports before the stream per drafter ran every drafter on the default stream.
         ("CUDA streams", lambda r: r.get("drafter_streams", "default")),
         # Reports before the field made the mask with _compile=True each step.
         ("fast step's mask", lambda r: r.get("fast_mask", "_compile=True each step")),
         ("switch interval", lambda r: (f"{1e3 * float(r['args']['DRAFTER_SWITCH_INTERVAL']):g} ms"
-                                       if "DRAFTER_SWITCH_INTERVAL" in r.get("args", {}) else "5 ms (default)")),
+                                       if "DRAFTER_SWITCH_INTERVAL" in r.get("args", {})
+                                       else "5 ms (default)")),
         ("steps/s: " + " / ".join(GRAPH_MODES), lambda r: modes(r, GRAPH_MODES, "steps_per_s",
                                                                lambda x: num(x, "{:.1f}"))),
         ("fast ÷ plain threads", lambda r: ratio(r.get("ratios", {}).get("fast_vs_plain_threads"))),

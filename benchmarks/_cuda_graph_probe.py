@@ -188,7 +188,8 @@ def summary(mode: dict) -> str:
     return (f"{mode['mode']}: {mode.get('steps_per_s')} steps/s {mode['steps_in_window']} "
             f"fair {mode.get('fairness')} cpu {mode['cpu_s_per_step']} proc {mode.get('process_cpu_s_per_step')} "
             f"gil_late {gil.get('share_of_wakes_late')} records {records} errors {mode['errors']} "
-            f"{mode['error_kinds']} graphs {mode['graphs']} | ms wall/cpu {phases}")
+            f"{mode['error_kinds']} graphs {mode['graphs']} | ms wall/cpu {phases}"
+            + (f"\nfirst error:\n{mode['first_error'][-1500:]}" if mode.get("first_error") else ""))
 
 
 if __name__ == "__main__":

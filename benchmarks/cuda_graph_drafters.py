@@ -50,6 +50,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 
 import _harness
 
@@ -170,6 +171,7 @@ class Drafters:
         self.phases = [[[0.0, 0.0] for _ in PHASES] for _ in range(n)]  # [wall, cpu] per phase
         self.all_lengths: dict[int, float] = {}
         self.errors: list[str] = []
+        self.first_error = ""  # its traceback: an error kind alone rarely says where
         self.stop = threading.Event()
         self.start = time.perf_counter()
         self.backward_turns = Turns() if FAIR_BACKWARD else contextlib.nullcontext()
@@ -229,6 +231,8 @@ class Drafters:
                 clock.tick(5)
             except Exception as e:  # counted, the drafter goes on
                 self.errors.append(_harness.error_kind(e))
+                if not self.first_error:
+                    self.first_error = traceback.format_exc()[-4000:]
                 if len(self.errors) > 100:
                     self.stop.set()
             self.steps[i] += 1
@@ -317,6 +321,7 @@ def child(mode: str, threads: int, seconds: float, out: str, ready_dir: str | No
         "process_cpu_s_per_step": round((process1 - process0) / max(sum(window), 1), 5),
         "phase_ms_per_step": _phase_ms(phases0, phases1, sum(window)),
         "errors": len(drafters.errors), "error_kinds": sorted(set(drafters.errors))[:5],
+        "first_error": drafters.first_error,
         "graphs": int(torch._dynamo.utils.counters["stats"]["unique_graphs"]),
     }
     if probe:
@@ -407,6 +412,7 @@ def _processes(mode: str, argv: list[str], seconds: float, n: int = 3) -> dict:
                        for k in ("wall", "cpu")} for name in PHASES},
             "errors": sum(p["errors"] for p in parts),
             "error_kinds": sorted({k for p in parts for k in p["error_kinds"]})[:5],
+            "first_error": next((p["first_error"] for p in parts if p.get("first_error")), ""),
             "graphs": sum(p["graphs"] for p in parts)}
 
 

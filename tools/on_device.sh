@@ -6,13 +6,16 @@
 #   tools/on_device.sh bench MODES    benchmarks/cuda_graph_drafters.py --save, MODES added to one report
 #   tools/on_device.sh probe MODES TAG  the same modes under --probe (diagnosis, not saved) into
 #                                     $OUT/probe-TAG.json, a line per mode on stdout; DRAFTER_* knobs pass through
-# Each step runs under `timeout` so a call ends with what it measured.
+#   tools/on_device.sh diag MODES TAG   the same without --probe (what stock torch <= 2.12 needs in
+#                                     one-fast-stock), 3 s windows; the summary shows the first error's traceback
+# Each step runs under `timeout` (STEP_TIMEOUT, default 560 s: less where the call also
+# builds) so a call ends with what it measured; reports are written after each mode.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
 out=${OUT:-/tmp/fxguard-device}
 mkdir -p "$out"
-step=${1:?build, tests or bench}
+step=${1:?build, tests, bench, probe or diag}
 shift
 case "$step" in
   build)
@@ -32,7 +35,7 @@ case "$step" in
     modes=${1:?modes, comma-separated}
     part=benchmarks/out/cuda_graph_drafters.json
     mkdir -p benchmarks/out
-    timeout 560 python3 benchmarks/cuda_graph_drafters.py --modes "$modes" --seconds "${SECONDS_WINDOW:-15}" \
+    timeout "${STEP_TIMEOUT:-560}" python3 benchmarks/cuda_graph_drafters.py --modes "$modes" --seconds "${SECONDS_WINDOW:-15}" \
       --resume "$part" --json "$part" --save 2>&1 | tail -20
     cp "$part" "$out/" 2>/dev/null
     cp -r benchmarks/results/cuda_graph_drafters "$out/results" 2>/dev/null
@@ -40,9 +43,16 @@ case "$step" in
   probe)
     modes=${1:?modes, comma-separated}
     tag=${2:?a tag for the report file}
-    timeout 560 python3 benchmarks/cuda_graph_drafters.py --modes "$modes" --seconds "${SECONDS_WINDOW:-8}" \
-      --probe --json "$out/probe-$tag.json" > "$out/probe-$tag.log" 2>&1
+    timeout "${STEP_TIMEOUT:-560}" python3 benchmarks/cuda_graph_drafters.py --modes "$modes" \
+      --seconds "${SECONDS_WINDOW:-8}" --probe --json "$out/probe-$tag.json" > "$out/probe-$tag.log" 2>&1
     python3 benchmarks/_cuda_graph_probe.py "$out/probe-$tag.json"
+    ;;
+  diag)
+    modes=${1:?modes, comma-separated}
+    tag=${2:?a tag for the report file}
+    timeout "${STEP_TIMEOUT:-560}" python3 benchmarks/cuda_graph_drafters.py --modes "$modes" \
+      --seconds "${SECONDS_WINDOW:-3}" --json "$out/diag-$tag.json" > "$out/diag-$tag.log" 2>&1
+    python3 benchmarks/_cuda_graph_probe.py "$out/diag-$tag.json"
     ;;
   *) echo "unknown step: $step" >&2; exit 2 ;;
 esac

@@ -401,14 +401,14 @@ def _processes(mode: str, argv: list[str], seconds: float, n: int = 3) -> dict:
     steps = [p["steps_in_window"][0] for p in parts]
 
     def per_step(figure) -> float:  # the processes' figure, weighted by their steps
-        return sum(figure(p) * n for p, n in zip(parts, steps)) / max(sum(steps), 1)
+        return sum(figure(p) * s for p, s in zip(parts, steps)) / max(sum(steps), 1)
     return {"mode": mode, "drafters": n, "steps_in_window": steps,
             "window_s": max(p["window_s"] for p in parts),
             "time_until_all_lengths_s": max(p["time_until_all_lengths_s"] or 1e9 for p in parts),
             **{key: round(per_step(lambda p, k=key: p[k]), 5)
                for key in ("cpu_s_per_step", "process_cpu_s_per_step")},
             "phase_ms_per_step": {
-                name: {k: round(per_step(lambda p, n=name, k=k: p["phase_ms_per_step"][n][k]), 3)
+                name: {k: round(per_step(lambda p, phase=name, k=k: p["phase_ms_per_step"][phase][k]), 3)
                        for k in ("wall", "cpu")} for name in PHASES},
             "errors": sum(p["errors"] for p in parts),
             "error_kinds": sorted({k for p in parts for k in p["error_kinds"]})[:5],

@@ -183,6 +183,9 @@ HEADLINES = {
         ("switch interval", lambda r: (f"{1e3 * float(r['args']['DRAFTER_SWITCH_INTERVAL']):g} ms"
                                        if "DRAFTER_SWITCH_INTERVAL" in r.get("args", {})
                                        else "5 ms (default)")),
+        ("backwards", lambda r: ("in turn" if r.get("args", {}).get("DRAFTER_FAIR_BACKWARD") == "1"
+                                 else "on the caller" if r.get("args", {}).get("DRAFTER_BACKWARD_HERE") == "1"
+                                 else "as torch queues them")),
         ("steps/s: " + " / ".join(GRAPH_MODES), lambda r: modes(r, GRAPH_MODES, "steps_per_s",
                                                                lambda x: num(x, "{:.1f}"))),
         ("fast ÷ plain threads", lambda r: ratio(r.get("ratios", {}).get("fast_vs_plain_threads"))),

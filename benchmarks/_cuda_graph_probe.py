@@ -189,7 +189,7 @@ def summary(mode: dict) -> str:
             f"fair {mode.get('fairness')} cpu {mode['cpu_s_per_step']} proc {mode.get('process_cpu_s_per_step')} "
             f"gil_late {gil.get('share_of_wakes_late')} records {records} errors {mode['errors']} "
             f"{mode['error_kinds']} graphs {mode['graphs']} | ms wall/cpu {phases}"
-            + (f"\nfirst error:\n{mode['first_error'][-1500:]}" if mode.get("first_error") else ""))
+            + (f"\nfirst error:\n{mode['first_error'][-3000:]}" if mode.get("first_error") else ""))
 
 
 if __name__ == "__main__":

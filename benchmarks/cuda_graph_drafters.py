@@ -77,9 +77,10 @@ PHASES = ("mask", "forward", "backward", "optimizer", "zero_grad", "item")
 # autograd worker per device that otherwise runs every thread's; DRAFTER_FAIR_BACKWARD=1,
 # drafters start their backwards in turn (a first-come ticket), so the worker's queue,
 # which serves the highest per-thread sequence number first, holds one at a time.
-# A report names those set.
+# DRAFTER_FXGUARD_OPTIONS=compile_once=0, install() options over FXGUARD_OPTIONS (as in
+# FXGUARD_OPTIONS), in the fxguard modes. A report names those set.
 KNOBS = ("DRAFTER_LENGTHS", "DRAFTER_FAST", "DRAFTER_NO_GC", "DRAFTER_STREAMS", "DRAFTER_SWITCH_INTERVAL",
-         "DRAFTER_BACKWARD_HERE", "DRAFTER_FAIR_BACKWARD")
+         "DRAFTER_BACKWARD_HERE", "DRAFTER_FAIR_BACKWARD", "DRAFTER_FXGUARD_OPTIONS")
 LENGTHS = tuple(int(n) for n in os.environ.get("DRAFTER_LENGTHS", "256,512").split(","))
 FAST_PIECES = tuple(os.environ.get("DRAFTER_FAST", "mask,model,optimizer").split(","))
 OWN_STREAMS = os.environ.get("DRAFTER_STREAMS") != "0"
@@ -232,7 +233,7 @@ class Drafters:
             except Exception as e:  # counted, the drafter goes on
                 self.errors.append(_harness.error_kind(e))
                 if not self.first_error:
-                    self.first_error = traceback.format_exc()[-4000:]
+                    self.first_error = traceback.format_exc()[-4000:] + _graphed_here(torch, self.device)
                 if len(self.errors) > 100:
                     self.stop.set()
             self.steps[i] += 1
@@ -240,6 +241,23 @@ class Drafters:
             seen.add(length)
             if len(seen) == len(LENGTHS) and i not in self.all_lengths and n > 2 * len(LENGTHS):
                 self.all_lengths[i] = time.perf_counter() - self.start
+
+
+def _graphed_here(torch, device: str) -> str:
+    """What this thread's CUDA-graph tree holds (for a first error): each function's
+    mode and where its first output was made, so a graph that should not be there
+    (the mask's) shows; and the inductor config's triton.cudagraphs as read here."""
+    try:
+        from torch._inductor import config, cudagraph_trees
+        lines = [f"\n[here: triton.cudagraphs={config.triton.cudagraphs}]"]
+        if device == "cuda":
+            manager = cudagraph_trees.get_container(torch.cuda.current_device()).tree_manager
+            for fid, traces in (manager.ids_to_stack_traces.items() if manager else ()):
+                made = next((" | ".join(t.strip().splitlines()[-2:]) for t in traces or () if t), "?")
+                lines.append(f"[tree fn {fid}: {manager.id_to_mode[fid].name}, first output: {made[:240]}]")
+        return "\n".join(lines)
+    except Exception as e:  # a diagnosis only
+        return f"\n[tree not read: {e!r}]"
 
 
 class _PhaseClock:
@@ -270,7 +288,8 @@ def child(mode: str, threads: int, seconds: float, out: str, ready_dir: str | No
     import torch
     if mode in WITH_FXGUARD:
         import fxguard
-        fxguard.install(**FXGUARD_OPTIONS)
+        from fxguard.startup import parse_options
+        fxguard.install(**{**FXGUARD_OPTIONS, **parse_options(os.environ.get("DRAFTER_FXGUARD_OPTIONS", ""))})
     if SWITCH_INTERVAL:
         sys.setswitchinterval(float(SWITCH_INTERVAL))
     if NO_GC:

@@ -78,9 +78,11 @@ PHASES = ("mask", "forward", "backward", "optimizer", "zero_grad", "item")
 # drafters start their backwards in turn (a first-come ticket), so the worker's queue,
 # which serves the highest per-thread sequence number first, holds one at a time.
 # DRAFTER_FXGUARD_OPTIONS=compile_once=0, install() options over FXGUARD_OPTIONS (as in
-# FXGUARD_OPTIONS), in the fxguard modes. A report names those set.
+# FXGUARD_OPTIONS), in the fxguard modes; DRAFTER_WATCH_CONFIG=1, the report's
+# config_events: who set inductor's triton.cudagraphs, to what, from where (on torch
+# <= 2.11 that config is process-wide). A report names those set.
 KNOBS = ("DRAFTER_LENGTHS", "DRAFTER_FAST", "DRAFTER_NO_GC", "DRAFTER_STREAMS", "DRAFTER_SWITCH_INTERVAL",
-         "DRAFTER_BACKWARD_HERE", "DRAFTER_FAIR_BACKWARD", "DRAFTER_FXGUARD_OPTIONS")
+         "DRAFTER_BACKWARD_HERE", "DRAFTER_FAIR_BACKWARD", "DRAFTER_FXGUARD_OPTIONS", "DRAFTER_WATCH_CONFIG")
 LENGTHS = tuple(int(n) for n in os.environ.get("DRAFTER_LENGTHS", "256,512").split(","))
 FAST_PIECES = tuple(os.environ.get("DRAFTER_FAST", "mask,model,optimizer").split(","))
 OWN_STREAMS = os.environ.get("DRAFTER_STREAMS") != "0"
@@ -260,6 +262,29 @@ def _graphed_here(torch, device: str) -> str:
         return f"\n[tree not read: {e!r}]"
 
 
+def _watch_cudagraphs_config(torch) -> list:
+    """Events (seconds, thread, value, compile_lock held here, innermost frames) of
+    each write to inductor's triton.cudagraphs override; the first 80 are kept."""
+    from torch._dynamo import convert_frame
+    from torch._inductor import config
+    events, start = [], time.perf_counter()
+    entry = config._config["triton.cudagraphs"]
+    if not hasattr(entry, "__dict__") or "contextvars" in type(getattr(entry, "user_override", None)).__module__:
+        return ["not watched: this torch keeps config overrides per thread (ContextVar)"]
+
+    class Watched(type(entry)):
+        def __setattr__(self, name, value):
+            if name == "user_override" and len(events) < 80:
+                owned = getattr(convert_frame.compile_lock, "_is_owned", lambda: None)()
+                where = [f"{os.path.basename(f.filename)}:{f.lineno} {f.name}"
+                         for f in traceback.extract_stack(limit=7)[:-1]]
+                events.append([round(time.perf_counter() - start, 4), threading.current_thread().name,
+                               repr(value)[:20], owned, where])
+            super().__setattr__(name, value)
+    entry.__class__ = Watched
+    return events
+
+
 class _PhaseClock:
     """Adds each phase's wall and thread CPU time to a drafter's totals."""
 
@@ -298,6 +323,7 @@ def child(mode: str, threads: int, seconds: float, out: str, ready_dir: str | No
     if probe:
         import _cuda_graph_probe
         prober = _cuda_graph_probe.Probe()
+    config_events = _watch_cudagraphs_config(torch) if os.environ.get("DRAFTER_WATCH_CONFIG") == "1" else None
     drafters = Drafters(threads, fast="fast" in mode, device=device)
     workers = [threading.Thread(target=drafters.run, args=(i,), daemon=True, name=f"drafter-{i}")
                for i in range(threads)]
@@ -345,6 +371,8 @@ def child(mode: str, threads: int, seconds: float, out: str, ready_dir: str | No
     }
     if probe:
         result["probe"] = probed
+    if config_events is not None:
+        result["config_events"] = config_events
     with open(out, "w") as f:
         json.dump(result, f)
 

@@ -51,9 +51,10 @@ def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
 
     - ``block_mask_lock``: torch's eager ``create_block_mask`` holds
       ``fxguard.block_mask_lock`` (never across a compile);
-    - ``config_window_lock``: where dynamo config is process-wide (torch <= 2.11),
+    - ``config_window_lock``: where config is process-wide (torch <= 2.11),
       the config that eager flex_attention's compilation window sets stays in
-      the thread inside the window;
+      the thread inside the window, and ``torch.compile(mode=..., options=...)``
+      reads its options without setting them for every thread;
     - ``eager_backward``: backward graphs are compiled with the forward, which
       removes the shared-GPU deadlock between compiles and the autograd worker;
     - ``config_follows_thread``: a new thread starts with a copy of its

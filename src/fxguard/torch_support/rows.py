@@ -42,6 +42,7 @@ from ..machinery.per_thread_patching import ClassState, Patching
 from ..machinery.shared_window import SharedWindow
 from ..machinery.wrapped import Swap, Wrapped
 from . import cudagraph_capture_lock as _capture_lock
+from . import compile_options as _compile_options
 from . import cudagraphs as _cudagraphs
 from . import rng as _rng
 from .compile_lock import SharedLockRow
@@ -297,6 +298,10 @@ WRAPPED: tuple[Wrapped, ...] = (
             (Swap("torch._higher_order_ops.utils._set_compilation_env", CONFIG_WINDOW,
                   (("window", lambda: overlay.window),)),),
             _config_process_wide, option="config_window_lock", windowed=WINDOW_CONFIG),
+    Wrapped("torch.compile options per thread",
+            (Swap(_compile_options.WHERE, _compile_options.BODY,
+                  (("patched_copy", lambda: _compile_options.patched_copy),), params=("config_patches",)),),
+            _compile_options.needed, option="config_window_lock"),
     Wrapped("block-mask lock",
             (Swap("torch.nn.attention.flex_attention.create_block_mask", BLOCK_MASK,
                   (DYNAMO, ("block_mask_lock", lambda: _core.block_mask_lock)),

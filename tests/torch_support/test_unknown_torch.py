@@ -122,3 +122,22 @@ def test_a_user_of_a_per_thread_global_whose_source_differs_stands_its_row_down(
     assert "should_preserve_node_meta" in vars(fx_traceback)  # stays the module global
     stock = vars(fx_traceback)["should_preserve_node_meta"]  # whatever earlier tests left
     assert fx_traceback.new_reader() is stock and fx_traceback.has_preserved_node_meta() is stock
+
+
+@pytest.mark.skipif(facts.config_is_per_thread(), reason="the row is not needed where config is per thread")
+def test_a_changed_torch_compile_options_window_stands_down(monkeypatch, caplog):
+    from torch._inductor import compile_fx
+    stock = compile_fx.get_patched_config_dict
+    changed = fresh_function(  # "a new release" that reads its options otherwise
+        "def get_patched_config_dict(config_patches=None):\n"
+        "    return {**stock(), **(config_patches or {})}\n",
+        "get_patched_config_dict", {"stock": stock})
+    monkeypatch.setattr(compile_fx, "get_patched_config_dict", changed)
+    before = changed.__code__
+    with caplog.at_level(logging.WARNING, logger="fxguard"):
+        info = fxguard.install()
+    row = _row(info, "torch.compile options per thread")
+    assert row["reason"].startswith("not covered") and "get_patched_config_dict" in row["reason"]
+    assert any("get_patched_config_dict" in m for m in caplog.messages)
+    assert changed.__code__ is before  # runs as stock, not half-swapped
+    fxguard.uninstall()

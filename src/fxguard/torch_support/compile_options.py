@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import copy
 import sys
-import threading
 from typing import Any, Callable
 
 WHERE = "torch._inductor.compile_fx.get_patched_config_dict"
@@ -33,9 +32,6 @@ TORCH_BODY = "with config.patch(config_patches):\n    return config.get_config_c
 BODY = """\
     return {ns}.patched_copy({ns}.inner, config_patches)
 """
-
-_fallback_lock = threading.RLock()  # where dynamo is not imported yet
-
 
 def patched_copy(original: Callable[[Any], dict], config_patches: Any) -> dict:
     """``get_patched_config_dict(config_patches)``'s result, config untouched."""
@@ -58,8 +54,8 @@ def _plain(entry: Any) -> bool:
 
 
 def _compile_lock() -> Any:
-    convert_frame = sys.modules.get("torch._dynamo.convert_frame")
-    return getattr(convert_frame, "compile_lock", None) or _fallback_lock
+    from torch._dynamo import convert_frame  # read at the call: concurrent_compiles replaces it
+    return convert_frame.compile_lock
 
 
 def needed(facts: Any) -> tuple[Any, str] | None:

@@ -141,3 +141,22 @@ def test_a_changed_torch_compile_options_window_stands_down(monkeypatch, caplog)
     assert any("get_patched_config_dict" in m for m in caplog.messages)
     assert changed.__code__ is before  # runs as stock, not half-swapped
     fxguard.uninstall()
+
+
+@pytest.mark.skipif(facts.config_is_per_thread(), reason="config per thread: no entries to keep per compile")
+def test_config_of_plain_values_leaves_concurrent_compiles_down(monkeypatch, caplog):
+    """torch 2.5 keeps config as plain values, not entries fxguard can keep per
+    compile: the compile lock stands down (compiles one at a time, as stock)."""
+    from torch._inductor import config
+    name = next(iter(config._config))
+    monkeypatch.setitem(config._config, name, False)  # "an older release": a plain value
+    monkeypatch.setenv(facts.ALLOW_UNTESTED, "concurrent_compiles")
+    lock, classes = convert_frame.compile_lock, {n: type(e) for n, e in config._config.items()}
+    with caplog.at_level(logging.WARNING, logger="fxguard"):
+        info = fxguard.install(concurrent_compiles=True)
+    row = _row(info, "compile lock")
+    assert row["reason"].startswith("not covered") and "plain values" in row["reason"]
+    assert any("compile lock" in m and "plain values" in m for m in caplog.messages)
+    assert convert_frame.compile_lock is lock  # torch's own lock: compiles one at a time
+    assert {n: type(e) for n, e in config._config.items()} == classes  # no entry overlaid
+    fxguard.uninstall()

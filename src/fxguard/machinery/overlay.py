@@ -45,6 +45,12 @@ def window() -> Iterator[None]:
 _classes: dict[tuple[type, str], type] = {}
 
 
+def can_overlay(obj: object, attr: str) -> bool:
+    """Whether overlaid(obj, attr) can be obj's class: an instance with a
+    ``__dict__`` and that attribute (torch 2.5's config keeps plain values)."""
+    return isinstance(getattr(obj, "__dict__", None), dict) and hasattr(obj, attr)
+
+
 def overlaid(obj: object, attr: str) -> type:
     """The subclass of type(obj) whose ``attr`` honours window()."""
     base = type(obj)

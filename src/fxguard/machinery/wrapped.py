@@ -65,12 +65,13 @@ class Wrapped(RowKind):
 
     def _overlays(self) -> list[Change] | None:
         """Changes making the windowed config entries honour overlay.window();
-        None if one is missing."""
+        None if one is missing or a plain value."""
         if self.windowed is None:
             return []
         module, names = self.windowed
         entries = getattr(importlib.import_module(module), "_config", {})
-        if any(name not in entries for name in names):
+        if not all(name in entries and overlay.can_overlay(entries[name], "user_override")
+                   for name in names):
             return None
         return [Change(self.what, entries[name], "__class__",
                        overlay.overlaid(entries[name], "user_override")) for name in names]

@@ -177,6 +177,15 @@ class Probe:
         }
 
 
+def unlocked_true_writes(mode: dict) -> int | None:
+    """Writes of triton.cudagraphs=True without dynamo's compile_lock held
+    (DRAFTER_WATCH_CONFIG=1's config_events); None where not watched."""
+    events = mode.get("config_events")
+    if not isinstance(events, list) or any(isinstance(e, str) for e in events):
+        return None
+    return sum(1 for _, _, value, owned, _ in events if value == "True" and owned is not True)
+
+
 def summary(mode: dict) -> str:
     """One line of a probed mode: rate, fairness, CPU, the GIL, the phases."""
     if "steps_in_window" not in mode:
@@ -189,6 +198,8 @@ def summary(mode: dict) -> str:
             f"fair {mode.get('fairness')} cpu {mode['cpu_s_per_step']} proc {mode.get('process_cpu_s_per_step')} "
             f"gil_late {gil.get('share_of_wakes_late')} records {records} errors {mode['errors']} "
             f"{mode['error_kinds']} graphs {mode['graphs']} | ms wall/cpu {phases}"
+            + (f" | unlocked cudagraphs=True writes {unlocked_true_writes(mode)}"
+               if "config_events" in mode else "")
             + (f"\nfirst error:\n{mode['first_error'][-3000:]}" if mode.get("first_error") else ""))
 
 

@@ -8,8 +8,6 @@
 #                                     $OUT/probe-TAG.json, a line per mode on stdout; DRAFTER_* knobs pass through
 #   tools/on_device.sh diag MODES TAG   the same without --probe (what stock torch <= 2.12 needs in
 #                                     one-fast-stock), 3 s windows; the summary shows the first error's traceback
-#   tools/on_device.sh pick           from the diag reports, the knobs of the cleanest, fairest run into
-#                                     benchmarks/out/pick.env (source it before bench on the warm machine)
 # Each step runs under `timeout` (STEP_TIMEOUT, default 560 s: less where the call also
 # builds) so a call ends with what it measured; reports are written after each mode.
 set -uo pipefail
@@ -55,10 +53,6 @@ case "$step" in
     timeout "${STEP_TIMEOUT:-560}" python3 benchmarks/cuda_graph_drafters.py --modes "$modes" \
       --seconds "${SECONDS_WINDOW:-3}" --json "$out/diag-$tag.json" > "$out/diag-$tag.log" 2>&1
     python3 benchmarks/_cuda_graph_probe.py "$out/diag-$tag.json"
-    ;;
-  pick)
-    mkdir -p benchmarks/out
-    python3 tools/pick_backward.py "$out" benchmarks/out/pick.env
     ;;
   *) echo "unknown step: $step" >&2; exit 2 ;;
 esac

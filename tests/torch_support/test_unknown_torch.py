@@ -160,3 +160,23 @@ def test_config_of_plain_values_leaves_concurrent_compiles_down(monkeypatch, cap
     assert convert_frame.compile_lock is lock  # torch's own lock: compiles one at a time
     assert {n: type(e) for n, e in config._config.items()} == classes  # no entry overlaid
     fxguard.uninstall()
+
+
+@pytest.mark.skipif(facts.config_is_per_thread(), reason="config per thread: the window row is not needed")
+def test_a_windowed_config_of_plain_values_stands_down(monkeypatch, caplog):
+    """The eager flex config window keeps two dynamo entries per thread; where
+    they are plain values the row stands down with a WARNING, nothing overlaid."""
+    from torch._dynamo import config
+    entry = type(config._config["capture_scalar_outputs"])
+    if _row(fxguard.install(), "config window per thread")["outcome"] != "patched":
+        pytest.skip("no config window row on this torch")
+    assert type(config._config["capture_scalar_outputs"]) is not entry  # the check can fail
+    fxguard.uninstall()
+    monkeypatch.setitem(config._config, "allow_empty_graphs", False)  # "an older release"
+    with caplog.at_level(logging.WARNING, logger="fxguard"):
+        info = fxguard.install()
+    row = _row(info, "config window per thread")
+    assert row["reason"].startswith("not covered") and "plain values" in row["reason"]
+    assert any("config window per thread" in m and "plain values" in m for m in caplog.messages)
+    assert type(config._config["capture_scalar_outputs"]) is entry  # not overlaid, nothing half-done
+    fxguard.uninstall()

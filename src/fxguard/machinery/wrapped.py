@@ -57,22 +57,24 @@ class Wrapped(RowKind):
                 setattr(namespace, name, make())
             made += codegen.swap_code(self.what, fn, swap.body, namespace)
         overlays = self._overlays()
-        if overlays is None:
-            return Planned(outcome=Outcome.NOT_AVAILABLE)
+        if isinstance(overlays, Planned):  # the row stands down
+            return overlays
         if self.when_planned is not None:
             self.when_planned()
         return Planned(overlays + made)
 
-    def _overlays(self) -> list[Change] | None:
-        """Changes making the windowed config entries honour overlay.window();
-        None if one is missing or a plain value."""
+    def _overlays(self) -> list[Change] | Planned:
+        """Changes making the windowed config entries honour overlay.window(),
+        or why the row stands down."""
         if self.windowed is None:
             return []
         module, names = self.windowed
         entries = getattr(importlib.import_module(module), "_config", {})
-        if not all(name in entries and overlay.can_overlay(entries[name], "user_override")
-                   for name in names):
-            return None
+        if any(name not in entries for name in names):
+            return Planned(outcome=Outcome.NOT_AVAILABLE)
+        if not all(overlay.can_overlay(entries[name], "user_override") for name in names):
+            return Planned(outcome=Outcome.NOT_COVERED,
+                           detail=f"{module} keeps plain values, which fxguard cannot keep per thread")
         return [Change(self.what, entries[name], "__class__",
                        overlay.overlaid(entries[name], "user_override")) for name in names]
 

@@ -58,11 +58,15 @@ class SharedLockRow(RowKind):
         config = Row(CONFIG_ROW, ", ".join(self.config_modules), Outcome.NOT_NEEDED,
                      "config per thread")
         if not ctx.facts.config_per_thread:
-            if not all(overlay.can_overlay(entry, "user_override") for entry in self._entries()):
+            entries = [entry for module in self.config_modules
+                       for entry in getattr(importlib.import_module(module), "_config", {}).values()]
+            if not all(overlay.can_overlay(entry, "user_override") for entry in entries):
                 return Planned(rows=(Row(self.what, self.where, Outcome.NOT_COVERED,
                                          "this torch's config keeps plain values, which fxguard "
                                          "cannot keep per compile; compiles run one at a time"),))
-            made += self._overlay_every_entry()
+            # Every entry of the compile's config modules honours overlay.window().
+            made += [Change(CONFIG_ROW, entry, "__class__", overlay.overlaid(entry, "user_override"))
+                     for entry in entries]
             held += self.window_held
             config = Row(CONFIG_ROW, ", ".join(self.config_modules), Outcome.PATCHED)
         body = self.body.replace("{held}", held)
@@ -71,12 +75,3 @@ class SharedLockRow(RowKind):
                                               lock=lock, per_code=keyed, window=overlay.window)
             made += codegen.swap_code(self.what, fn, body, namespace)
         return Planned(made, rows=(Row(self.what, self.where, Outcome.PATCHED), config))
-
-    def _entries(self) -> list:
-        return [entry for module in self.config_modules
-                for entry in getattr(importlib.import_module(module), "_config", {}).values()]
-
-    def _overlay_every_entry(self) -> list[Change]:
-        """Every entry of the compile's config modules honours overlay.window()."""
-        return [Change(CONFIG_ROW, entry, "__class__", overlay.overlaid(entry, "user_override"))
-                for entry in self._entries()]

@@ -83,7 +83,6 @@ class CompileOnce:
 
     def __init__(self) -> None:
         self.gate = CompileGate()
-        self.nested = threading.local()  # per thread: inside a callback already
         self._lock = threading.Lock()
         self.compiles_avoided = 0  # waiters that ran another thread's compile
 
@@ -307,29 +306,32 @@ def _backend_of(callback: Any, attr: str) -> Any:
         callback = inner
 
 
-def _usable(shared: Any, t: _Torch, frame: Any, backend: Any) -> tuple[Any, Any, Any] | None:
+def _usable(ticket: Any, t: _Torch, frame: Any, backend: Any) -> tuple[Any, Any, Any] | None:
     """(code, compile_id, trace_annotation) of the compile a thread waited for,
     if it may run it: same backend, not retired by torch, its guards pass."""
-    if shared is None:
+    if ticket.result is None:
         return None
-    made_by, g = shared
-    if not _same_backend(made_by, backend) or not _live(g, t, frame.f_code):
+    made_by, g = ticket.result
+    if not _same_backend(made_by, backend) or not _live(g, t, ticket):
         return None
     if not _passes(_guard_of(g, t), frame.f_locals):
         return None
     return g.code, getattr(g, "compile_id", None), getattr(g, "trace_annotation", "Unknown")
 
 
-def _live(g: Any, t: _Torch, code: types.CodeType) -> bool:
+def _live(g: Any, t: _Torch, ticket: Any) -> bool:
     """torch has not retired this compile: reset() forgets its code
     (output_codes); reset_code_caches(), remove_from_cache() and the death of
-    an object its guards match by id take its entry out of C's cache."""
+    an object its guards match by id take its entry out of C's cache.  C puts
+    the entry in its cache when the owner's callback returns, so an entry
+    missing from the cache is live only while that callback still runs (a
+    retired entry's ``cache_entry`` reads None too: it cannot tell)."""
     if g.code not in t.convert_frame.output_codes:
         return False
     guard = _guard_of(g, t)
-    if getattr(guard, "cache_entry", None) is None:
-        return True  # C has not put it in its cache yet
-    return any(_guard_of(e, t) is guard for e in t.all_entries(code))
+    if any(_guard_of(e, t) is guard for e in t.all_entries(ticket.code)):
+        return True
+    return ticket.running()
 
 
 # Backends that graph outside inductor: dynamo's ``backend="cudagraphs"`` keeps
@@ -380,40 +382,53 @@ def _reuse(t: _Torch, found: tuple[Any, Any, Any]) -> Any:
 
 def _make_callback(state: CompileOnce, t: _Torch) -> Callable:
     original = t.callback_call
-    gate, nested, convert_frame = state.gate, state.nested, t.convert_frame
+    gate, convert_frame = state.gate, t.convert_frame
 
     def __call__(self: Any, frame: Any, cache_entry: Any, frame_state: Any) -> Any:
         owned = getattr(convert_frame.compile_lock, "_is_owned", None)  # read as torch does
-        if getattr(nested, "depth", 0) or (owned is not None and owned()):
+        if _inside_callback() or (owned is not None and owned()):
             return original(self, frame, cache_entry, frame_state)  # inside a compile: stock
         code = frame.f_code
         backend = _backend_of(self, t.backend_attr)
         if _changed_after_compile(backend):
             return original(self, frame, cache_entry, frame_state)  # not shared: stock
         result = None
-        try:  # begin() inside: end() releases this thread's ticket whatever interrupts
+        try:  # the ticket is this frame's: an interrupt anywhere here cannot leak it
             while True:
                 ticket = gate.begin(code)
                 if not ticket.done:
                     break  # this thread compiles
-                found = _usable(ticket.result, t, frame, backend)
+                found = _usable(ticket, t, frame, backend)
                 if found is not None:
                     state.avoided()
                     return _reuse(t, found)
-            nested.depth = 1
             result = original(self, frame, cache_entry, frame_state)
             return result
         finally:
-            nested.depth = 0
-            g = t.unwrap(result)
-            shared = (backend, g) if g is not None and not is_stand_in(_guard_of(g, t)) else None
-            gate.end(code, shared)
+            gate.end(code, _shareable(result, backend, t))
+
+    def _inside_callback() -> bool:
+        """A compile of this thread runs below (its callback is on the stack):
+        a compiled function called while tracing.  Read from the stack, so no
+        flag can be left set."""
+        frame = sys._getframe(2)
+        while frame is not None:
+            if frame.f_code is __call__.__code__:
+                return True
+            frame = frame.f_back
+        return False
 
     __call__.__qualname__ = f"{t.callback_cls.__qualname__}.__call__"
     __call__.__doc__ = original.__doc__
     __call__.__wrapped__ = original  # type: ignore[attr-defined]
     __call__._fxguard_compile_once = True  # type: ignore[attr-defined]
     return __call__
+
+
+def _shareable(result: Any, backend: Any, t: _Torch) -> tuple[Any, Any] | None:
+    """What the compile hands its waiters: (backend, GuardedCode), or None."""
+    g = t.unwrap(result)
+    return (backend, g) if g is not None and not is_stand_in(_guard_of(g, t)) else None
 
 
 def _make_compute_cache_size(t: _Torch) -> Callable:

@@ -9,11 +9,15 @@ sampled positions.
 With the row, ``torch.random.set_rng_state`` and ``torch.cuda.set_rng_state``
 (their code swapped, identity kept) skip the calls those restores make (also
 ``preserve_rng_state`` inside AOT autograd and inductor, and dynamo's
-``checkpoint_params``) while other threads run, so no thread's draws are rewound; in a single-threaded
-process the restore happens exactly as stock.  What a compile itself drew
-(rarely anything: tracing runs on fake tensors) stays drawn when threads run.
-Every other caller of these functions, the user's own included, is served as
-stock.
+``checkpoint_params``) where another thread may have drawn meanwhile: another
+Python thread ran (used CPU time), started or ended between the save and the
+restore.  Threads that sit idle (a DataLoader's or logger's thread waiting,
+inductor's own compile pool and tqdm monitor between jobs) do not count, so a
+program with one working thread restores exactly as stock, and a seed
+reproduces a run.  Where a thread did run, what the compile itself drew stays
+drawn (never another thread's draws repeated).  Where threads' CPU times cannot
+be read (no ``/proc``), any other live thread counts.  Every other caller of
+these functions, the user's own included, is served as stock.
 """
 from __future__ import annotations
 
@@ -79,34 +83,63 @@ def needed(_facts: Any) -> tuple[Outcome, str] | None:
     return None
 
 
+def others_activity() -> dict[int, int] | None:
+    """CPU time (ns) of every other Python thread, by native id: unchanged
+    between two readings only where none of them ran, started or ended.  None
+    where it cannot be read."""
+    me = threading.get_native_id()
+    times = {}
+    for thread in threading.enumerate():
+        native = thread.native_id
+        if native is None or native == me:
+            continue
+        try:
+            with open(f"/proc/self/task/{native}/schedstat", "rb") as f:
+                times[native] = int(f.read().split()[0])
+        except FileNotFoundError:
+            times[native] = -1  # it ended
+        except (OSError, ValueError, IndexError):
+            return None
+    return times
+
+
+def _others_ran(at_save: dict[int, int] | None) -> bool:
+    now = others_activity()
+    if at_save is None or now is None:  # cannot tell: any other thread may have drawn
+        return threading.active_count() > 1
+    return now != at_save
+
+
 class Restores:
     """One generator's saves and restores made by the compiles of each thread:
-    whether other threads ran when a save was made (a thread that drew and
-    ended before the restore still counts)."""
+    whether another thread ran between a save and its restore (one that ran
+    and ended meanwhile counts too)."""
 
     def __init__(self) -> None:
         self._local = threading.local()
         self._saves, self._restores = _sites()
 
     @staticmethod
-    def _caller() -> Key:
-        return _key(sys._getframe(3).f_code)  # 0 this, 1 saving/skip, 2 the swapped body
+    def _caller() -> Key | None:
+        try:
+            return _key(sys._getframe(3).f_code)  # 0 this, 1 saving/skip, 2 the swapped body
+        except ValueError:  # no Python caller (a thread's target, atexit): not a site
+            return None
 
     def saving(self) -> None:
-        """In get_rng_state: note whether other threads run as a compile saves."""
+        """In get_rng_state: what the other threads had run when a compile saves."""
         if self._caller() in self._saves:
-            stack = self._local.__dict__.setdefault("others", [])
+            stack = self._local.__dict__.setdefault("saves", [])
             del stack[:-8]  # a save whose restore never came (an exception, no restore call)
-            stack.append(threading.active_count() > 1)
+            stack.append(others_activity())
 
     def skip(self) -> bool:
-        """In set_rng_state: whether to skip this call (a compile's restore while
-        other threads ran at a save of this thread's or run now)."""
+        """In set_rng_state: whether to skip this call (a compile's restore where
+        another thread ran since this thread's save)."""
         if self._caller() not in self._restores:
             return False
-        stack = self._local.__dict__.get("others")
-        others_at_save = stack.pop() if stack else True
-        return others_at_save or threading.active_count() > 1
+        stack = self._local.__dict__.get("saves")
+        return _others_ran(stack.pop() if stack else None)
 
 
 _generators: dict[str, Restores] = {}

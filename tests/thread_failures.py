@@ -5,12 +5,15 @@ Threads a test starts report what they raise through ``threading.excepthook``
 pytest only warns about the first and drops the second, so a test whose
 threads failed could pass.  Here each phase of every test (setup, call,
 teardown) collects both and raises the first after the phase: a failed call
-(which a strict xfail then counts as the expected failure) or an error.
+(which a strict xfail then counts as the expected failure) or an error.  A
+thread left running by an earlier test that raises now fails the test running
+now, and the message names the test that left it.
 tests/conftest.py imports these hooks; any conftest can.
 """
 import sys
 import threading
 import traceback
+import weakref
 
 import pytest
 
@@ -21,14 +24,23 @@ class ThreadRaised(AssertionError):
     """What a test's thread raised, as the test's own failure."""
 
 
+_left_by = weakref.WeakKeyDictionary()  # thread -> the test that started it and ended first
+
+
+def _who(thread) -> str:
+    if thread is None:
+        return "thread <unknown>"
+    earlier = _left_by.get(thread)
+    return f"thread {thread.name!r}" + (f" (left running by {earlier})" if earlier else "")
+
+
 def _watch():
     """Install the collecting hooks; returns (what they saw, undo)."""
     seen = []
     thread_hook, unraisable_hook = threading.excepthook, sys.unraisablehook
 
     def on_thread(args):
-        name = args.thread.name if args.thread is not None else "<unknown>"
-        seen.append((f"thread {name!r}", args.exc_value))
+        seen.append((_who(args.thread), args.exc_value))
 
     def on_unraisable(args):
         if (args.err_msg or "").startswith(_THREAD_START) and args.exc_value is not None:
@@ -71,6 +83,7 @@ def _show(item, when, seen):
 # than pytest's own per-phase catcher (pytest < 8.4), whose warning only warns.
 @pytest.hookimpl(wrapper=True, trylast=True)
 def pytest_runtest_setup(item):
+    item.stash[_before] = set(threading.enumerate())
     return (yield from _phase(item, "setup"))
 
 
@@ -81,4 +94,13 @@ def pytest_runtest_call(item):
 
 @pytest.hookimpl(wrapper=True, trylast=True)
 def pytest_runtest_teardown(item):
-    return (yield from _phase(item, "teardown"))
+    try:
+        return (yield from _phase(item, "teardown"))
+    finally:
+        before = item.stash.get(_before, set())
+        for thread in threading.enumerate():
+            if thread not in before and thread not in _left_by:
+                _left_by[thread] = item.nodeid
+
+
+_before = pytest.StashKey[set]()

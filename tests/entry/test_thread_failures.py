@@ -1,7 +1,8 @@
 """The suite's own guard (tests/thread_failures.py): a test whose thread
 raised fails, whether the thread is a threading.Thread or a bare
 _thread.start_new_thread, and in every phase; a strict xfail counts it as its
-expected failure; a test that failed itself keeps its failure."""
+expected failure; a test that failed itself keeps its failure; a thread an
+earlier test left running fails the test it raises in, naming the earlier one."""
 import os
 import subprocess
 import sys
@@ -62,6 +63,25 @@ def test_threads_that_end_well():
 def test_own_failure_kept():
     raise_in_a_thread()
     assert False, "its own"
+
+
+LEFT = []
+
+
+def test_leaves_a_thread_running():
+    go = threading.Event()
+
+    def late():
+        assert go.wait(60)
+        raise RuntimeError("late")
+    LEFT.append((threading.Thread(target=late, daemon=True), go))
+    LEFT[0][0].start()
+
+
+def test_after_it():
+    thread, go = LEFT[0]
+    go.set()
+    thread.join(60)
 """
 
 
@@ -83,7 +103,11 @@ def test_a_thread_that_raised_fails_its_test(tmp_path):
         "test_expected_failure": "XFAIL",
         "test_threads_that_end_well": "PASSED",
         "test_own_failure_kept": "FAILED",
+        "test_leaves_a_thread_running": "PASSED",
+        "test_after_it": "FAILED",  # and names the test that left the thread
     }, done.stdout[-4000:]
+    assert "(left running by test_threads.py::test_leaves_a_thread_running) raised " \
+        "RuntimeError: late" in done.stdout
     assert "ThreadRaised: thread started by" in done.stdout
     assert "AssertionError: its own" in done.stdout
     assert "Captured thread exceptions call" in done.stdout

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 import torch
-from guarded import both_ways, run_together
+from guarded import both_ways, finish, run_together
 from torch._higher_order_ops.utils import _set_compilation_env
 
 from fxguard.torch_support import facts
@@ -94,9 +94,11 @@ def test_a_window_does_not_wait_for_another_threads_compile():
     def compile_held():
         torch.compile(lambda x: x * 3 + 2, backend=held_backend)(torch.ones(3))
 
+    let_go = threading.Timer(5.0, release.set)  # a window that waits is let go after 5 s
+
     def window():
         assert compiling.wait(HOLD)
-        threading.Timer(5.0, release.set).start()  # a window that waits is let go after 5 s
+        let_go.start()
         try:
             with _set_compilation_env():
                 if not release.is_set():
@@ -104,5 +106,10 @@ def test_a_window_does_not_wait_for_another_threads_compile():
         finally:
             release.set()
 
-    run_together(compile_held, window)
+    try:
+        run_together(compile_held, window)
+    finally:  # no timer left behind (uninstall would wait for it as for a running thread)
+        let_go.cancel()
+        if let_go.ident is not None:
+            finish(let_go)
     assert entered.is_set(), "the window waited for the other thread's compile"

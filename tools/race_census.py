@@ -7,6 +7,12 @@ installed torch races, so an xfail in the report is that variant seen failing.
     python3 tools/race_census.py --paths        # the test files to run
     python3 -m pytest -p no:cacheprovider --junitxml=race.xml $(python3 tools/race_census.py --paths)
     python3 tools/race_census.py race.xml       # the counts, and the tests without a failing variant
+    python3 -m pytest ... --runxfail --junitxml=why.xml ...; python3 tools/race_census.py race.xml why.xml
+
+With a second report, run with ``--runxfail`` (each variant without its fix then
+fails as a plain test), it prints why each of those variants fails and flags
+the ones that fail by a hang guard (a timeout, a thread that did not finish)
+rather than by the state the test checks: those are not seen racing.
 
 Race tests: every test in tests/races, and elsewhere every test with a variant
 that xfails or a parametrization of guard.both_ways / concurrent_ways (files
@@ -41,6 +47,9 @@ def paths() -> list[str]:
     return [p for p in found if not p.endswith("test_thread_failures.py")]  # the guard's own
 
 
+HANG = re.compile(r"TimeoutError|waited \d+ s|did not finish|still running|= wait\(|\.wait\(")
+
+
 def outcomes(report: str) -> dict[str, dict[str, tuple[str, str]]]:
     """{'module::test': {variant: (outcome, reason)}} from a junit xml report."""
     tests: dict[str, dict[str, tuple[str, str]]] = collections.defaultdict(dict)
@@ -53,7 +62,7 @@ def outcomes(report: str) -> dict[str, dict[str, tuple[str, str]]]:
                 xfail = child.get("type") == "pytest.xfail"
                 outcome, reason = ("xfailed" if xfail else "skipped"), child.get("message", "")
             elif child.tag in ("failure", "error"):
-                outcome, reason = child.tag, (child.get("message") or "")[:120]
+                outcome, reason = child.tag, " ".join((child.get("message") or "").split())[:200]
         tests[key][variant.rstrip("]") or "-"] = (outcome, reason)
     return tests
 
@@ -86,11 +95,27 @@ def census(tests: dict[str, dict[str, tuple[str, str]]]) -> dict[str, list]:
     return sorted_out
 
 
+def why(tests, runxfail: str) -> int:
+    """Each xfailed variant's failure in the --runxfail report; the count of hang-guard ones."""
+    failures, hangs = outcomes(runxfail), 0
+    print("Why each variant without its fix fails (--runxfail):")
+    for key, variants in sorted(tests.items()):
+        for variant, (outcome, _) in variants.items():
+            if outcome != "xfailed":
+                continue
+            got, message = failures.get(key, {}).get(variant, ("missing", ""))
+            hang = got != "failure" or bool(HANG.search(message))
+            hangs += hang
+            print(f"  {'HANG-GUARD ' if hang else ''}{key}[{variant}]: {got}: {message[:160]}")
+    print(f"{hangs} of them fail by a hang guard or not at all")
+    return hangs
+
+
 def main(argv: list[str]) -> int:
     if argv[1:] == ["--paths"]:
         print(" ".join(paths()))
         return 0
-    if len(argv) != 2:
+    if len(argv) not in (2, 3):
         print(__doc__.strip(), file=sys.stderr)
         return 2
     out = census(outcomes(argv[1]))
@@ -102,7 +127,8 @@ def main(argv: list[str]) -> int:
         for key, variants in out[what]:
             reasons = sorted({f"{o}: {r}" if r else o for o, r in variants.values()})
             print(f"  {what}: {key} [{', '.join(variants)}] {'; '.join(reasons)}")
-    return 1 if out["broken"] else 0
+    hangs = why(outcomes(argv[1]), argv[2]) if len(argv) == 3 else 0
+    return 1 if out["broken"] or hangs else 0
 
 
 if __name__ == "__main__":

@@ -127,6 +127,11 @@ def main(argv: list[str]) -> int:
         for key, variants in out[what]:
             reasons = sorted({f"{o}: {r}" if r else o for o, r in variants.values()})
             print(f"  {what}: {key} [{', '.join(variants)}] {'; '.join(reasons)}")
+    for key, variants in out["failing"]:
+        skipped = {v: r for v, (o, r) in variants.items() if o == "skipped"}
+        if skipped:
+            print(f"  seen failing, these variants skipped here: {key} [{', '.join(skipped)}] "
+                  f"{'; '.join(sorted(set(skipped.values())))}")
     hangs = why(outcomes(argv[1]), argv[2]) if len(argv) == 3 else 0
     return 1 if out["broken"] or hangs else 0
 

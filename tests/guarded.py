@@ -68,7 +68,8 @@ def run_raising(targets, timeout: float = 60.0, on_error=None, made=None) -> Non
         t.join(max(0.0, deadline - time.monotonic()))
     if errors:
         raise errors[0]
-    finish(*threads, timeout=0)
+    alive = [t.name for t in threads if t.is_alive()]
+    assert not alive, f"threads still running after {timeout:.0f} s: {alive}"
 
 
 def run_together(*targets, timeout: float = 60.0) -> None:

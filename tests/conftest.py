@@ -5,6 +5,8 @@ import shutil
 import tempfile
 
 import pytest
+from thread_failures import (pytest_runtest_call, pytest_runtest_setup,  # noqa: F401
+                             pytest_runtest_teardown)
 
 import fxguard
 

@@ -43,9 +43,11 @@ def needs(path: str):
 
 
 def run_raising(targets, timeout: float = 60.0, on_error=None, made=None) -> None:
-    """Run each target on a thread of its own; the first exception of any is
-    raised here (``on_error()`` runs at once when one raises, to free the
-    others); ``made(threads)`` sees the threads before they start."""
+    """Run each target on a thread of its own and wait for all: the first
+    exception of any is raised here (``on_error()`` runs at once when one
+    raises, to free the others), then a thread still running after ``timeout``
+    fails the test; ``made(threads)`` sees the threads before they start."""
+    import time
     errors = []
 
     def body(fn):
@@ -55,27 +57,34 @@ def run_raising(targets, timeout: float = 60.0, on_error=None, made=None) -> Non
             errors.append(e)
             if on_error is not None:
                 on_error()
-    threads = [threading.Thread(target=body, args=(t,), daemon=True) for t in targets]
+    threads = [threading.Thread(target=body, args=(t,), daemon=True,
+                                name=getattr(t, "__name__", None)) for t in targets]
     if made is not None:
         made(threads)
     for t in threads:
         t.start()
+    deadline = time.monotonic() + timeout
     for t in threads:
-        t.join(timeout)
-    assert not any(t.is_alive() for t in threads), "a thread did not finish"
+        t.join(max(0.0, deadline - time.monotonic()))
     if errors:
         raise errors[0]
+    alive = [t.name for t in threads if t.is_alive()]
+    assert not alive, f"threads still running after {timeout:.0f} s: {alive}"
 
 
 def run_together(*targets, timeout: float = 60.0) -> None:
-    """Start one thread per target, wait for all; fail if one is still running."""
-    import threading
-    threads = [threading.Thread(target=t, daemon=True) for t in targets]
+    """Start one thread per target, wait for all; what one raised is raised here."""
+    run_raising(targets, timeout=timeout)
+
+
+def finish(*threads, timeout: float = 60.0) -> None:
+    """Join ``threads``; one still running after ``timeout`` (a hang guard) fails the test."""
+    import time
+    deadline = time.monotonic() + timeout
     for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout)
-    assert not any(t.is_alive() for t in threads), "a thread did not finish"
+        t.join(max(0.0, deadline - time.monotonic()))
+    alive = [t.name for t in threads if t.is_alive()]
+    assert not alive, f"threads still running after {timeout:.0f} s: {alive}"
 
 
 # -- concurrent_compiles: three ways ----------------------------------------------
@@ -122,12 +131,18 @@ def apply_way(way: str, monkeypatch, lock_hides: bool) -> dict:
 
 
 def held_in(thread, code) -> bool:
-    """Whether ``thread``'s innermost Python frame runs ``code`` (a code object,
-    or a predicate on frames): where a thread blocks in a C-level wait."""
+    """Whether ``thread`` is blocked in ``code`` (a code object, or a predicate
+    on frames): a frame of its stack runs it, and inside that frame only
+    threading's waits run (Condition.wait, Event.wait, ...), or none (a C-level
+    wait such as a lock's acquire)."""
     frame = current_frames().get(thread.ident)
-    if frame is None:
-        return False
-    return code(frame) if callable(code) else frame.f_code is code
+    while frame is not None:
+        if code(frame) if callable(code) else frame.f_code is code:
+            return True
+        if frame.f_code.co_filename != threading.__file__:
+            return False
+        frame = frame.f_back
+    return False
 
 
 def on_stack(thread, code) -> bool:

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from guarded import finish
 
 import fxguard
 from fxguard import _core
@@ -50,7 +51,7 @@ def inside_fx_tracing_until(release):
     def run():
         with fxguard.fx_tracing():
             inside.set()
-            release.wait(10)
+            assert release.wait(10)
 
     t = threading.Thread(target=run)
     t.start()
@@ -80,7 +81,7 @@ def test_async_keyboard_interrupt_inside_fx_tracing_restores_the_flag(holding_th
     assert inside.wait(5)
     assert _core._tracing_records() == 1
     async_raise(t, KeyboardInterrupt)
-    t.join(5)
+    finish(t)
     assert outcome == [(False, False)]
     assert _core._tracing_records() == 0 and not fxguard.is_fx_tracing()
     s = lock.stats()
@@ -113,7 +114,7 @@ def test_fork_while_another_thread_is_inside_fx_tracing(forker_tracing):
         assert _core._tracing_records() == 1  # the parent is untouched
     finally:
         release.set()
-        t.join(5)
+        finish(t)
     assert _core._tracing_records() == 0
 
 
@@ -131,7 +132,7 @@ def test_fork_child_unwinds_the_forking_threads_trace():
         assert code == 0
     finally:
         release.set()
-        t.join(5)
+        finish(t)
 
 
 # -- a thread that exits inside fx_tracing() -------------------------------------------
@@ -147,7 +148,7 @@ def test_a_thread_that_exits_inside_fx_tracing_stops_counting_with_its_record():
 
     t = threading.Thread(target=enter_and_leave)
     t.start()
-    t.join(5)
+    finish(t)
     assert not fxguard.is_fx_tracing()  # any lookup moves the cache on
     assert _core._tracing_records() == 0
 
@@ -156,7 +157,7 @@ def test_an_entered_fx_tracing_object_that_outlives_its_thread_still_exits_clean
     scopes = []
     t = threading.Thread(target=lambda: scopes.append(fxguard.fx_tracing()) or scopes[0].__enter__())
     t.start()
-    t.join(5)
+    finish(t)
     assert _core._tracing_records() == 1  # the scope is still open, on a dead thread's record
     assert scopes[0].__exit__(None, None, None) is False
     assert _core._tracing_records() == 0 and not fxguard.is_fx_tracing()

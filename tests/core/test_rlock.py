@@ -70,7 +70,7 @@ def test_timeout_and_non_blocking(lock):
     held, done = threading.Event(), threading.Event()
     t = threading.Thread(target=lambda: (lock.acquire(), held.set(), done.wait(10), lock.release()))
     t.start()
-    held.wait(10)
+    assert held.wait(10)
     assert lock.acquire(blocking=False) is False
     start = time.monotonic()
     assert lock.acquire(timeout=0.2) is False
@@ -95,7 +95,7 @@ def test_contention_is_counted_and_gil_released_while_waiting(lock):
 
     t = threading.Thread(target=waiter)
     t.start()
-    waiting.wait(10)
+    assert waiting.wait(10)
     deadline = time.monotonic() + 0.3
     while time.monotonic() < deadline:  # this thread keeps running Python...
         spins[0] += 1
@@ -140,7 +140,7 @@ def test_fork_while_another_thread_holds_the_block_mask_lock():
     held, done = threading.Event(), threading.Event()
     t = threading.Thread(target=lambda: (lock.acquire(), held.set(), done.wait(10), lock.release()))
     t.start()
-    held.wait(10)
+    assert held.wait(10)
     pid = os.fork()
     if pid == 0:  # child: the holder thread does not exist here
         ok = lock.acquire(timeout=2)
@@ -395,7 +395,7 @@ def holder(lock):
     def run():
         with lock, lock:
             held.set()
-            done.wait(10)
+            assert done.wait(10)
 
     t = threading.Thread(target=run)
     t.start()

@@ -3,6 +3,7 @@ its result only for the threads that waited for it."""
 import threading
 
 import pytest
+from guarded import finish, wait_until
 
 from fxguard.machinery import compile_gate
 from fxguard.machinery.compile_gate import CompileGate
@@ -29,7 +30,7 @@ def test_a_waiter_gets_the_compile_it_waited_for():
     waiter.start()
     _wait_until_waiting(gate, 1)
     gate.end(code, "compiled")
-    waiter.join(60)
+    finish(waiter)
     assert got[0] is mine and got[0].done and got[0].result == "compiled"
     assert gate.in_flight() == 0
     later = gate.begin(code)  # nothing kept: a later miss compiles
@@ -57,7 +58,7 @@ def test_equal_code_objects_of_two_files_do_not_wait(key, monkeypatch):
         assert got and not got[0].done, "b waited for a's compile"
     finally:
         gate.end(a, None)
-        other.join(60)
+        finish(other)
         gate.end(b, None)
 
 
@@ -83,13 +84,10 @@ def test_a_compile_that_raises_hands_nothing_on():
 
     t = threading.Thread(target=owner)
     t.start()
-    import time
-    while gate.in_flight() == 0:
-        time.sleep(0.001)
+    wait_until(lambda: gate.in_flight() > 0, "the owner's ticket")
     w = threading.Thread(target=waiter)
     w.start()
-    t.join(60)
-    w.join(60)
+    finish(t, w)
     assert got == [(True, None, False)]
     assert gate.in_flight() == 0
 
@@ -100,7 +98,7 @@ def test_end_without_a_ticket_changes_nothing():
     mine = gate.begin(code)
     t = threading.Thread(target=gate.end, args=(code, "not its own"))
     t.start()
-    t.join(60)
+    finish(t)
     assert gate.in_flight() == 1 and not mine.done
     gate.end(code, None)
     assert gate.in_flight() == 0 and mine.done
@@ -140,7 +138,6 @@ def test_held_takes_turns_per_code_object_and_nests():
     t2.start()
     _wait_until_waiting(gate, 1)
     release.set()
-    t1.join(60)
-    t2.join(60)
+    finish(t1, t2)
     assert order == ["first in", "b", "first out", "second in"]
     assert gate.in_flight() == 0

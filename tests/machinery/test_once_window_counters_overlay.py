@@ -4,7 +4,7 @@ import collections
 import threading
 
 import pytest
-from guarded import apply, on_stack, wait_until
+from guarded import apply, finish, on_stack, wait_until
 
 from fxguard import interpreter
 from fxguard.machinery import exact_counters, once, overlay, per_thread_attrs, shared_window
@@ -30,7 +30,7 @@ def test_once_runs_a_cached_setup_once_for_threads_that_arrive_together(source_m
         def setup():
             runs.append(1)
             started.set()
-            release.wait(30)
+            assert release.wait(30)
             return len(runs)
     """)
     changes, outcomes = once.plan("once-lock", (once.Once(f"{mod.__name__}.setup"),),
@@ -43,10 +43,12 @@ def test_once_runs_a_cached_setup_once_for_threads_that_arrive_together(source_m
     assert mod.started.wait(30)
     second = threading.Thread(target=lambda: results.append(mod.setup()))
     second.start()   # misses the cache too: waits at the once-lock (stock: runs the body)
-    wait_until(lambda: on_stack(second, mod.setup.__wrapped__.__code__), "the second caller inside")
-    mod.release.set()
-    first.join()
-    second.join()
+    try:
+        wait_until(lambda: on_stack(second, mod.setup.__wrapped__.__code__),
+                   "the second caller inside")
+    finally:
+        mod.release.set()
+        finish(first, second, timeout=30)
     assert mod.runs == [1] and results == [1, 1]
 
 
@@ -78,7 +80,7 @@ def test_shared_window_enters_the_real_window_once_for_overlapping_users(source_
         def user(inside, leave):
             with {win.__name__}.switch_on():
                 inside.set()
-                leave.wait(30)
+                assert leave.wait(30)
     """)
     mod.state = win.state
     row = shared_window.SharedWindow(f"{win.__name__}.switch_on", (f"{mod.__name__}.user",))
@@ -90,12 +92,15 @@ def test_shared_window_enters_the_real_window_once_for_overlapping_users(source_
     b = threading.Thread(target=mod.user, args=(ins[1], leave_b))
     a.start()
     b.start()
-    assert ins[0].wait(30) and ins[1].wait(30)
-    leave_a.set()      # a leaves first: b still inside, the setting stays on
-    a.join()
-    assert mod.state["on"] is True
-    leave_b.set()
-    b.join()
+    try:  # the threads are let go whatever fails here: none outlives the test
+        assert ins[0].wait(30) and ins[1].wait(30)
+        leave_a.set()      # a leaves first: b still inside, the setting stays on
+        finish(a, timeout=30)
+        assert mod.state["on"] is True
+    finally:
+        leave_a.set()
+        leave_b.set()
+        finish(a, b, timeout=30)
     assert mod.state == {"on": False, "enters": 1}   # stock: b's exit would leave it on
 
 
@@ -116,7 +121,7 @@ def test_exact_counters_count_every_step(source_module):
 
     threads = [threading.Thread(target=bump) for _ in range(4)]
     [t.start() for t in threads]
-    [t.join() for t in threads]
+    finish(*threads)
     assert mod.counters["g"]["k"] == 80001
     assert exact_counters.plan("x", f"{mod.__name__}.missing")[1] is Outcome.NOT_AVAILABLE
 
@@ -138,15 +143,17 @@ def test_overlay_window_writes_stay_in_their_thread(source_module, way):
                     entry.value = "inner"
                 seen.append(entry.value)           # the inner window took its write back
                 inside.set()
-                leave.wait(30)
+                assert leave.wait(30)
             seen.append(entry.value)
 
         thread = threading.Thread(target=writer)
         thread.start()
-        assert inside.wait(30)
-        assert entry.value == "shared"             # another thread reads the shared value
-        leave.set()
-        thread.join()
+        try:
+            assert inside.wait(30)
+            assert entry.value == "shared"         # another thread reads the shared value
+        finally:
+            leave.set()
+            finish(thread, timeout=30)
         assert seen == ["mine", "mine", "shared"]
     finally:
         entry.__class__ = mod.Entry
@@ -174,16 +181,18 @@ def test_per_thread_class_attribute_is_each_threads_own(source_module, way):
     def other():
         mod.Node.set_current("theirs")
         set_.set()
-        go.wait(30)
+        assert go.wait(30)
         seen["other"] = mod.Node.current
 
     thread = threading.Thread(target=other)
     thread.start()
-    assert set_.wait(30)
-    assert mod.Node.current is None            # not the other thread's
-    mod.Node.set_current("mine")
-    go.set()
-    thread.join()
+    try:
+        assert set_.wait(30)
+        assert mod.Node.current is None        # not the other thread's
+        mod.Node.set_current("mine")
+    finally:
+        go.set()
+        finish(thread, timeout=30)
     assert (mod.Node.current, seen["other"]) == ("mine", "theirs")
 
 

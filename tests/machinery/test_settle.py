@@ -20,7 +20,7 @@ def test_current_frames_pauses_the_collector_and_puts_it_back():
 
     def waiting():
         inside.set()
-        done.wait(30)
+        assert done.wait(30)
     t = threading.Thread(target=waiting)
     t.start()
     assert inside.wait(30)
@@ -41,7 +41,7 @@ def test_threads_running_names_a_thread_inside_the_code():
 
     def busy():
         inside.set()
-        done.wait(30)
+        assert done.wait(30)
     t = threading.Thread(target=busy, name="busy-one")
     t.start()
     assert inside.wait(30)

@@ -14,7 +14,7 @@ def hold(lock, how, entered, leave):
     def run():
         with (lock.shared() if how == "shared" else lock):
             entered.set()
-            leave.wait(30)
+            assert leave.wait(30)
     thread = threading.Thread(target=run)
     thread.start()
     assert entered.wait(30)

@@ -82,7 +82,7 @@ def test_backward_sees_the_state_of_the_thread_it_runs_for(guard, device):
             who["a"] = threading.get_ident()
             run_backward(device)      # a real backward, started by the tracing thread
             a_inside.set()
-            b_done.wait(30)           # B's backward runs while A is still tracing
+            assert b_done.wait(30)    # B's backward runs while A is still tracing
             return x + 1
 
     def a():
@@ -94,9 +94,9 @@ def test_backward_sees_the_state_of_the_thread_it_runs_for(guard, device):
             torch.fx.symbolic_trace(TracesAndBackprops())
 
     def b():
-        a_inside.wait(30)
-        who["b"] = threading.get_ident()
         try:
+            assert a_inside.wait(30)
+            who["b"] = threading.get_ident()
             run_backward(device)
         finally:
             b_done.set()

@@ -22,7 +22,7 @@ import threading
 
 import pytest
 import torch
-from guarded import apply_way, concurrent_ways, held_in, needs_the_gil, wait_until
+from guarded import apply_way, concurrent_ways, finish, held_in, needs_the_gil, wait_until
 
 import fxguard
 
@@ -73,7 +73,7 @@ def test_two_threads_never_get_one_id(case, way, monkeypatch):
                 frame.f_code.co_filename == code.co_filename else None
         if event == "line" and frame.f_lineno == line and not paused.is_set():
             paused.set()
-            release.wait(HOLD)
+            assert release.wait(HOLD)
         return pause_before_the_increment
 
     def a():
@@ -97,8 +97,7 @@ def test_two_threads_never_get_one_id(case, way, monkeypatch):
         fxguard.is_object_patched(fn, "__code__") and held_in(tb, fn.__code__)),
         "B done or waiting for the lock")
     release.set()
-    ta.join(HOLD)
-    tb.join(HOLD)
+    finish(ta, tb, timeout=HOLD)
     assert got["a"] != got["b"], got
 
 
@@ -113,7 +112,7 @@ def test_counts_made_at_once_into_a_new_group_all_count(way, monkeypatch):
         if event == "call" and frame.f_code.co_filename.endswith(("collections/__init__.py",)) \
                 and not paused.is_set():
             paused.set()
-            release.wait(HOLD)
+            assert release.wait(HOLD)
         return None
 
     def a():
@@ -132,9 +131,11 @@ def test_counts_made_at_once_into_a_new_group_all_count(way, monkeypatch):
     wait_until(lambda: paused.is_set() or done.is_set(), "A paused in Python code, or done")
     tb = threading.Thread(target=b, daemon=True)
     tb.start()
-    tb.join(HOLD)
-    release.set()
-    ta.join(HOLD)
+    try:
+        finish(tb, timeout=HOLD)  # B never waits for A: no lock, its count is C
+    finally:
+        release.set()
+    finish(ta, timeout=HOLD)
     try:
         assert counters[group]["compiles"] == 2, dict(counters[group])
     finally:

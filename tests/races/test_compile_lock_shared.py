@@ -17,8 +17,8 @@ import threading
 import pytest
 import torch
 import torch._dynamo.convert_frame as convert_frame
-from guarded import (NoLock, ObservedLock, apply_way, child_env, concurrent_ways, held_in,
-                     needs_the_gil, run_together, wait_until)
+from guarded import (NoLock, ObservedLock, apply_way, child_env, concurrent_ways, finish,
+                     held_in, needs_the_gil, run_together, wait_until)
 
 import fxguard
 
@@ -103,7 +103,7 @@ def test_one_function_compiles_one_thread_at_a_time(way, monkeypatch):
         release.set()
 
     run_together(a, main, timeout=2 * HOLD)
-    b.join(HOLD)
+    finish(b, timeout=HOLD)
     assert seen["most"] == 1, seen
 
 
@@ -150,7 +150,7 @@ def reset_scenario(way: str) -> list:
 
     r.start()
     run_together(a, main, timeout=2 * HOLD)
-    r.join(HOLD)
+    finish(r, timeout=HOLD)
     return order
 
 

@@ -15,7 +15,7 @@ from torch._dynamo.testing import CompileCounter
 import fxguard
 from fxguard.machinery import compile_gate
 from fxguard.machinery.settle import current_frames
-from guarded import fresh_function, needs_the_gil_for_compile_once, wait_until
+from guarded import finish, fresh_function, needs_the_gil_for_compile_once, wait_until
 
 pytestmark = needs_the_gil_for_compile_once
 
@@ -101,8 +101,7 @@ def test_equal_code_with_other_globals_is_not_shared():
     tb = threading.Thread(target=run, args=("b", b), daemon=True)
     tb.start()
     b_thread["ident"] = tb.ident
-    ta.join(300)
-    tb.join(300)
+    finish(ta, tb, timeout=300)
     fxguard.uninstall()
     torch._dynamo.reset()
     assert results == {"a": [1.0, 1.0], "b": [2.0, 2.0]}
@@ -162,8 +161,7 @@ def test_a_compile_ended_by_ctrl_c_wakes_its_waiters():
     wait_until(lambda: calls, "the first compile to reach its backend")
     t2 = threading.Thread(target=second, daemon=True)
     t2.start()
-    t1.join(300)
-    t2.join(300)
+    finish(t1, t2, timeout=300)
     assert outcome == {"first": "interrupted", "second": [3.0, 3.0]}
     assert gate.in_flight() == 0
     fxguard.uninstall()
@@ -208,8 +206,7 @@ def test_cuda_graph_compiles_shared_only_with_a_callable_per_thread(mode, per_th
                           daemon=True)
     tb.start()
     b_thread["ident"] = tb.ident
-    ta.join(600)
-    tb.join(600)
+    finish(ta, tb, timeout=600)
     fxguard.uninstall()
     assert results == [[2.0, 2.0], [2.0, 2.0]]
     assert counters["stats"]["unique_graphs"] == compiles

@@ -14,12 +14,13 @@ import threading
 
 import pytest
 import torch
-from guarded import both_ways
+from guarded import both_ways, finish, run_raising
 
 from fxguard.torch_support import facts
 
 pytestmark = pytest.mark.skipif(facts.config_is_per_thread(),
                                 reason="this torch keeps config per thread: no window to race")
+HOLD = 60.0  # hang guard only
 
 
 def config_is_process_global() -> bool:
@@ -41,7 +42,7 @@ class Held:
         name = threading.current_thread().name
         if name in self.inside and not self.inside[name].is_set() and _in_window():
             self.inside[name].set()
-            self.release[name].wait(10)
+            assert self.release[name].wait(HOLD)
         return self
 
     def __call__(self, graph) -> None:
@@ -78,16 +79,14 @@ def test_another_thread_does_not_read_the_options_of_a_torch_compile_call(guard,
     held.hold("a")
 
     def reader():
-        held.inside["a"].wait(10)
-        seen.append(config.triton.cudagraphs)  # what a compile here would graph by
-        held.release["a"].set()
+        try:
+            assert held.inside["a"].wait(HOLD)
+            seen.append(config.triton.cudagraphs)  # what a compile here would graph by
+        finally:
+            held.release["a"].set()
 
-    threads = [threading.Thread(target=compile_reduce_overhead, name="a", daemon=True),
-               threading.Thread(target=reader, daemon=True)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    run_raising([compile_reduce_overhead, reader], timeout=HOLD,
+                made=lambda threads: setattr(threads[0], "name", "a"))
     assert held.inside["a"].is_set(), "torch.compile copied no config"
     assert seen == [before], f"another thread read triton.cudagraphs={seen[0]} inside the window"
 
@@ -103,14 +102,13 @@ def test_interleaved_torch_compile_calls_leave_the_options_as_they_were(guard, h
     a = threading.Thread(target=compile_reduce_overhead, name="a", daemon=True)
     b = threading.Thread(target=compile_reduce_overhead, name="b", daemon=True)
     a.start()
-    held.inside["a"].wait(10)
+    assert held.inside["a"].wait(HOLD)
     b.start()
-    held.inside["b"].wait(10)
+    assert held.inside["b"].wait(HOLD)  # both windows open at once
     held.release["a"].set()
-    a.join(10)
+    finish(a, timeout=HOLD)
     held.release["b"].set()
-    b.join(10)
-    assert not a.is_alive() and not b.is_alive()
+    finish(b, timeout=HOLD)
     assert held.inside["a"].is_set() and held.inside["b"].is_set()
     assert config.triton.cudagraphs == before, "torch.compile's option outlived both windows"
 

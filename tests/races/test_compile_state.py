@@ -41,7 +41,7 @@ def test_other_thread_is_not_compiling_and_builds_masks_while_a_compile_is_held(
     def held_backend(gm, example_inputs):
         seen["a"] = torch.compiler.is_compiling()
         inside.set()
-        release.wait(HOLD)
+        assert release.wait(HOLD)
         order.append("compile ends")
         return gm.forward
 
@@ -101,7 +101,7 @@ def test_make_fx_tracer_of_one_thread_is_invisible_to_another(guard):
 
     def traced(x):
         inside.set()
-        release.wait(HOLD)
+        assert release.wait(HOLD)
         return x.cos()
 
     def a():

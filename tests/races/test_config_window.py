@@ -10,7 +10,7 @@ import threading
 
 import pytest
 import torch
-from guarded import both_ways, run_together
+from guarded import both_ways, finish, run_together
 from torch._higher_order_ops.utils import _set_compilation_env
 
 from fxguard.torch_support import facts
@@ -19,7 +19,7 @@ from fxguard.torch_support import facts
 def config_is_process_global() -> bool:
     return not facts.config_is_per_thread()
 
-WINDOW_HOLD = 1.0  # how long the window waits for the other compile before closing
+HOLD = 60.0  # hang guard only
 # What the window sets on this torch: both on 2.9+, allow_empty_graphs on 2.7/2.8, none before.
 SET = [name for name in ("capture_scalar_outputs", "allow_empty_graphs")
        if f"config.{name} = True" in inspect.getsource(_set_compilation_env.__wrapped__)]
@@ -40,10 +40,10 @@ def test_no_compile_of_another_thread_inside_the_config_window(guard):
     def window():
         with _set_compilation_env():
             in_window.set()
-            compiled.wait(WINDOW_HOLD)  # stock: the compile lands in here at once
+            assert compiled.wait(HOLD)  # the compile lands in here (the window is not a lock)
 
     def compile_elsewhere():
-        in_window.wait(10)
+        assert in_window.wait(HOLD)
         torch.compile(lambda x: x * 5 - 1, backend=backend)(torch.ones(2))
 
     run_together(window, compile_elsewhere)
@@ -62,15 +62,15 @@ def test_interleaved_windows_leave_the_config_as_it_was(guard):
         with _set_compilation_env():
             inside.append(getattr(torch._dynamo.config, SET[0]))
             a_in.set()
-            b_in.wait(10)
+            assert b_in.wait(HOLD)
         a_out.set()
 
     def b():
-        a_in.wait(10)
+        assert a_in.wait(HOLD)
         with _set_compilation_env():
             inside.append(getattr(torch._dynamo.config, SET[0]))
             b_in.set()
-            a_out.wait(10)
+            assert a_out.wait(HOLD)
 
     run_together(a, b)
     assert inside == [True, True]  # each window sees its own config
@@ -88,15 +88,17 @@ def test_a_window_does_not_wait_for_another_threads_compile():
 
     def held_backend(gm, example_inputs):
         compiling.set()
-        release.wait(30)
+        assert release.wait(HOLD)
         return gm.forward
 
     def compile_held():
         torch.compile(lambda x: x * 3 + 2, backend=held_backend)(torch.ones(3))
 
+    let_go = threading.Timer(5.0, release.set)  # a window that waits is let go after 5 s
+
     def window():
-        compiling.wait(10)
-        threading.Timer(5.0, release.set).start()  # a window that waits is let go after 5 s
+        assert compiling.wait(HOLD)
+        let_go.start()
         try:
             with _set_compilation_env():
                 if not release.is_set():
@@ -104,5 +106,10 @@ def test_a_window_does_not_wait_for_another_threads_compile():
         finally:
             release.set()
 
-    run_together(compile_held, window)
+    try:
+        run_together(compile_held, window)
+    finally:  # no timer left behind (uninstall would wait for it as for a running thread)
+        let_go.cancel()
+        if let_go.ident is not None:
+            finish(let_go)
     assert entered.is_set(), "the window waited for the other thread's compile"

@@ -19,7 +19,7 @@ import threading
 
 import pytest
 import torch
-from guarded import fresh_function, holding_op, run_together
+from guarded import finish, fresh_function, holding_op, run_together
 from torch.utils import _python_dispatch as dispatch
 from torch.utils._python_dispatch import TorchDispatchMode, is_in_torch_dispatch_mode
 
@@ -125,8 +125,7 @@ def test_thread_in_no_mode_does_not_see_another_threads_compile(applied):
                threading.Thread(target=b, daemon=True)]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join(60)
+    finish(*threads, timeout=60)
     assert seen["a"] is True, "the compiling thread is inside FakeTensorMode"
     assert seen["b"]["any"] is False, f"B saw A's compile's FakeTensorMode: {seen['b']}"
 

@@ -13,7 +13,7 @@ import threading
 import torch
 from torch._dynamo import trace_rules
 
-from guarded import apply_way, concurrent_ways, needs, needs_the_gil
+from guarded import apply_way, concurrent_ways, finish, needs, needs_the_gil
 
 pytestmark = [needs_the_gil, needs("torch._dynamo.trace_rules._force_inline")]
 
@@ -37,5 +37,5 @@ def test_force_inline_stays_in_its_thread(way, monkeypatch):
         result = trace_rules.check_verbose(skipped)
     finally:
         done.set()
-        thread.join(60)
+        finish(thread, timeout=60)
     assert result.skipped, result.reason

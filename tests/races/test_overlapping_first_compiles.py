@@ -24,7 +24,8 @@ import threading
 
 import pytest
 import torch
-from guarded import apply_way, child_env, concurrent_ways, needs_the_gil, on_stack, wait_until
+from guarded import (apply_way, child_env, concurrent_ways, finish, needs_the_gil, on_stack,
+                     wait_until)
 
 pytestmark = needs_the_gil
 
@@ -56,7 +57,7 @@ CHILD = textwrap.dedent("""
         if event == "call" and frame.f_code is hold_at:
             sys.settrace(None)
             held.set()
-            release.wait(HOLD)
+            assert release.wait(HOLD)
         return None
 
     def compile_in(name, fn, trace=None):
@@ -79,6 +80,7 @@ CHILD = textwrap.dedent("""
                "B done or on the once-lock")
     release.set()
     a.join(HOLD); b.join(HOLD)
+    assert not a.is_alive() and not b.is_alive(), "a thread did not finish"
     print(json.dumps(seen))
 """)
 
@@ -132,7 +134,7 @@ def test_builtin_map_is_whole_for_a_second_compile(way, monkeypatch, empty_built
                 builtin.BUILTIN_TO_TENSOR_FN_MAP and not held.is_set():
             sys.settrace(None)
             held.set()
-            release.wait(HOLD)
+            assert release.wait(HOLD)
         return None
 
     ints = (torch.tensor([6], dtype=torch.int32), torch.tensor([3], dtype=torch.int32))
@@ -156,6 +158,5 @@ def test_builtin_map_is_whole_for_a_second_compile(way, monkeypatch, empty_built
     wait_until(lambda: not b.is_alive() or on_stack(b, OnceCall.__call__.__code__),
                "B done or on the once-lock")
     release.set()
-    a.join(HOLD)
-    b.join(HOLD)
+    finish(a, b, timeout=HOLD)
     assert seen == {"a": [3], "b": [9]}, seen

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch._dynamo.config as dyn
-from guarded import both_ways, stock_loses_config
+from guarded import both_ways, finish, stock_loses_config
 
 import fxguard
 from fxguard.demos import config_limit
@@ -71,7 +71,7 @@ def test_copy_at_start_later_changes_stay_in_their_thread(guard):
     def child():
         seen["at start"] = limit()
         started.set()
-        parent_changed.wait(10)
+        assert parent_changed.wait(10)
         seen["after parent changed"] = limit()
         dyn.recompile_limit = 12
         seen["grandchild"] = in_thread(limit)  # inherits from its own parent
@@ -80,13 +80,15 @@ def test_copy_at_start_later_changes_stay_in_their_thread(guard):
     with dyn.patch(recompile_limit=11):
         t = threading.Thread(target=child, daemon=True)
         t.start()
-        started.wait(10)
-        dyn.recompile_limit = 13
-        parent_changed.set()
-        child_changed.wait(10)
+        try:
+            assert started.wait(10)
+            dyn.recompile_limit = 13
+        finally:
+            parent_changed.set()
+        assert child_changed.wait(10)
         seen["parent"] = limit()
         seen["sibling"] = in_thread(limit)
-        t.join(10)
+        finish(t, timeout=10)
     assert seen == {"at start": 11, "after parent changed": 11, "grandchild": 12,
                     "parent": 13, "sibling": 13}
     assert limit() == DEFAULT_LIMIT
@@ -107,7 +109,7 @@ def test_thread_subclasses_inherit(guard):
         threads = [OwnRun(daemon=True), OwnStart(daemon=True)]
         for t in threads:
             t.start()
-            t.join(10)
+            finish(t, timeout=10)
     assert [t.seen for t in threads] == [11, 11]
 
 
@@ -118,7 +120,7 @@ def test_threads_started_before_install_keep_what_they_had():
     def early(own):
         if own:
             dyn.recompile_limit = 17
-        go.wait(10)
+        assert go.wait(10)
         seen[own] = limit()
         if own:
             seen["its child"] = in_thread(limit)
@@ -128,10 +130,11 @@ def test_threads_started_before_install_keep_what_they_had():
     with dyn.patch(recompile_limit=11):
         for t in early_threads:
             t.start()
-        fxguard.install()
-        go.set()
-        for t in early_threads:
-            t.join(10)
+        try:
+            fxguard.install()
+        finally:
+            go.set()
+        finish(*early_threads, timeout=10)
     assert seen == {True: 17, "its child": 17, False: DEFAULT_LIMIT}
 
 

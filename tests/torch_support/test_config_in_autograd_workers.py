@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch._dynamo.config as dyn
 import torch._functorch.config as functorch_config
-from guarded import both_ways, run_together, stock_loses_config
+from guarded import both_ways, finish, run_together, stock_loses_config
 
 import fxguard
 from fxguard import _core
@@ -129,14 +129,16 @@ def test_a_thread_started_before_install_is_carried_too():
     def body():
         caller.append(threading.get_ident())
         dyn.recompile_limit = 27
-        installed_now.wait(30)
+        assert installed_now.wait(30)
         deep_backward("early")
 
     t = threading.Thread(target=body, daemon=True)
     t.start()
-    fxguard.install()
-    installed_now.set()
-    t.join(60)
+    try:
+        fxguard.install()
+    finally:
+        installed_now.set()
+    finish(t)
     assert limits_seen_on_a_worker("early", caller[0]) == {27}
 
 

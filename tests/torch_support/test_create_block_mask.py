@@ -3,6 +3,7 @@ import threading
 
 import pytest
 import torch
+from guarded import finish
 from torch.nn.attention.flex_attention import create_block_mask as alias_taken_before_install
 
 import fxguard
@@ -47,8 +48,7 @@ def test_threads_get_identical_masks_and_every_call_is_counted():
     ts = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
     for t in ts:
         t.start()
-    for t in ts:
-        t.join(120)
+    finish(*ts, timeout=120)
     assert errors == []
     assert len(results) == threads * per_thread
     assert all(torch.equal(d, expected[k]) for k, d in results.values())

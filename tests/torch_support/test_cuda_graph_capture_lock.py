@@ -10,7 +10,7 @@ import torch._inductor.cudagraph_trees as trees
 
 import fxguard
 from fxguard.torch_support import cudagraph_capture_lock as capture
-from guarded import fresh_function, wait_until
+from guarded import finish, fresh_function, wait_until
 
 pytestmark = pytest.mark.skipif(not hasattr(trees, "graph_capture_lock"),
                                 reason="torch <= 2.12 holds no capture lock")
@@ -64,7 +64,7 @@ def _init_while_held(held_device: int, init_device: int) -> bool:
     finally:
         if per_device:
             lock.leave_device()
-    t.join(60)
+    finish(t)
     return past
 
 
@@ -159,7 +159,7 @@ def test_a_drafter_on_another_gpu_records_while_one_records(guard):
     def other_gpu():
         b["ident"] = threading.get_ident()
         torch.cuda.set_device(1)
-        capturing.wait(300)
+        assert capturing.wait(300)
         x = torch.ones(4, device="cuda:1")
         with torch.no_grad():
             b["out"] = [g(x).tolist() for _ in range(3)]  # warm-up, recording, replay
@@ -172,7 +172,7 @@ def test_a_drafter_on_another_gpu_records_while_one_records(guard):
             f(x)  # warm-up
             HOLD["in_capture"] = in_capture
             out = f(x).tolist()  # recording, held inside the capture
-        tb.join(300)
+        finish(tb, timeout=300)
     finally:
         HOLD["in_capture"] = None
         fxguard.uninstall()

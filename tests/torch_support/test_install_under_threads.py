@@ -18,6 +18,7 @@ import threading
 import pytest
 import torch
 import torch.fx.traceback as fx_traceback
+from guarded import finish
 
 import fxguard
 from fxguard import _install, interpreter
@@ -86,9 +87,11 @@ def _while_held(waits, change):
     done = threading.Event()
     thread, failures = _held_call(fx_traceback.format_stack,
                                   lambda: done.is_set() or settling.is_set())
-    change()
-    done.set()
-    thread.join(60)
+    try:
+        change()
+    finally:
+        done.set()
+        finish(thread)
     return way, failures
 
 
@@ -131,5 +134,5 @@ def test_readers_through_install_cycles():
     finally:
         sys.setswitchinterval(interval)
         stop.set()
-        thread.join(60)
+        finish(thread)
     assert errors == []

@@ -12,6 +12,7 @@ import torch
 
 import fxguard
 from fxguard import _core
+from guarded import finish
 from test_core_faults import async_raise, exit_code_of_child, needs_fork
 
 
@@ -63,7 +64,7 @@ def test_async_keyboard_interrupt_inside_symbolic_trace():
         t.join(10)
     finally:
         release.set()
-        t.join(10)
+        finish(t, timeout=10)
     assert outcome == [("interrupted", False, False)]
     assert _core._tracing_records() == 0
     assert compiled_call_works()
@@ -84,7 +85,7 @@ def test_fork_while_another_thread_is_inside_symbolic_trace():
         assert exit_code_of_child(child) == 0
     finally:
         release.set()
-        t.join(10)
+        finish(t, timeout=10)
     assert outcome == ["traced"] and _core._tracing_records() == 0
 
 

@@ -6,6 +6,9 @@
     python3 tools/sweep_versions.py --table-only    # rewrite the table from saved results
     python3 tools/sweep_versions.py --doctor-only --ci-log ci.log 2.11.0 ...
                                    # doctor here; the suite's summary from a .ci/run log
+    python3 tools/sweep_versions.py --doctor-with PYTHON ...
+                                   # doctor under interpreters that already import this
+                                   # tree's fxguard (PYTHONPATH as given); installs nothing
 
 Each version gets a venv under ~/.cache/fxguard/venv-torch-<version> (made once;
 torch 2.13.0 is the CPU wheel from this machine's disk, the others CUDA wheels
@@ -82,30 +85,42 @@ def suites_in_ci_log(text: str) -> dict[str, str]:
 
 def sweep_one(version: str, doctor_only: bool) -> dict:
     python = venv_python(version)
-    result = {"torch": version, "date": datetime.date.today().isoformat(),
-              "machine": f"{platform.machine()}, {os.cpu_count()} cores, no GPU",
-              "python": subprocess.run([str(python), "-c", "import platform; "
-                                        "print(platform.python_version())"],
-                                       capture_output=True, text=True).stdout.strip()}
-    rc, out = run(python, ["-m", "fxguard", "doctor"], 900)
+    return with_suite(python, version, doctor_result(python, version), doctor_only)
+
+
+def doctor_result(python: Path | str, version: str | None = None) -> dict:
+    """Run doctor under ``python``: what it found (``version`` None: read from doctor)."""
+    rc, out = run(Path(python), ["-m", "fxguard", "doctor"], 900)
+    build = _find(r"torch (\S+)\s+Python", out)
+    version = version or (build or "?").split("+")[0]
     (RESULTS / f"{version}.doctor.txt").write_text(out)
-    result["torch_build"] = _find(r"torch (\S+)\s+Python", out) or version
-    result["doctor_rc"] = rc
-    result["layout"] = _find(r"torch layout: ([\w-]+)", out)
-    result["mode"] = _find(r"mode after install\(\): ([\w-]+)", out)
-    result["doctor"] = _find(r"^result: (.*)$", out) or _last_line(out)
-    result["races"] = re.findall(r"^([a-z-]+)\s+(yes|no|n/a)\s", out, re.M)
-    result["not_covered"] = re.findall(r"^\s+\S.*?\s(\S+)\s+not covered: ", out, re.M)
+    return {"torch": version, "date": datetime.date.today().isoformat(),
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores, no GPU",
+            "python": subprocess.run([str(python), "-c", "import platform; "
+                                      "print(platform.python_version())"],
+                                     capture_output=True, text=True).stdout.strip(),
+            "torch_build": build or version, "doctor_rc": rc,
+            "layout": _find(r"torch layout: ([\w-]+)", out),
+            "mode": _find(r"mode after install\(\): ([\w-]+)", out),
+            "doctor": _find(r"^result: (.*)$", out) or _last_line(out),
+            "races": re.findall(r"^([a-z-]+)\s+(yes|no|n/a)\s", out, re.M),
+            "not_covered": re.findall(r"^\s+\S.*?\s(\S+)\s+not covered: ", out, re.M)}
+
+
+def with_suite(python: Path, version: str, result: dict, doctor_only: bool) -> dict:
+    """The whole suite, or (doctor only) the last suite run on record, kept with its date."""
     if not doctor_only:
         rc, out = run(python, ["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], 3600)
         (RESULTS / f"{version}.tests.txt").write_text(out)
         result["tests_rc"] = rc
         result["tests"] = _find(r"^=*\s*(\d+ (?:passed|failed).*?) in [\d.]+s", out) or _last_line(out)
         result["failed"] = re.findall(r"^FAILED (\S+)", out, re.M)
-    else:  # the last suite run stays on record (the table says its date)
-        saved = RESULTS / f"{version}.json"
-        earlier = json.loads(saved.read_text()) if saved.exists() else {}
-        result.update({k: earlier[k] for k in ("tests_rc", "tests", "failed") if k in earlier})
+        return result
+    saved = RESULTS / f"{version}.json"
+    earlier = json.loads(saved.read_text()) if saved.exists() else {}
+    result.update({k: earlier[k] for k in ("tests_rc", "tests", "failed") if k in earlier})
+    if "tests" in earlier:  # the table gives the date of the suite run it shows
+        result["tests_date"] = earlier.get("tests_date", earlier["date"])
     return result
 
 
@@ -120,30 +135,45 @@ def _last_line(text: str) -> str:
 
 
 def table() -> str:
-    rows = ["| torch | Python | layout | doctor | races stock had | test suite | date |",
-            "| --- | --- | --- | --- | --- | --- | --- |"]
+    """A wrapped list item per saved result, oldest torch first (a table would need lines of
+    300 characters)."""
+    import textwrap
+    items = []
     saved = [json.loads(p.read_text()) for p in RESULTS.glob("*.json")]
     for r in sorted(saved, key=lambda r: _key(r["torch"])):
-        raced = ", ".join(name for name, affected in r.get("races", []) if affected == "yes")
+        probed = [name for name, affected in r.get("races", []) if affected != "n/a"]
+        raced = [name for name, affected in r.get("races", []) if affected == "yes"]
         doctor = r["doctor"] if r["doctor_rc"] == 0 else f"exit {r['doctor_rc']}: {r['doctor']}"
         if r.get("not_covered"):
-            doctor += f"; not covered: {', '.join(r['not_covered'])}"
-        tests = r.get("tests", "not run (doctor only)")
-        if r.get("failed"):
-            tests += "; failed: " + ", ".join(f"`{f}`" for f in r["failed"][:3])
-        rows.append(f"| {r['torch_build']} | {r['python']} | {r['layout'] or '?'} | {doctor} | "
-                    f"{raced or 'none'} | {tests} | {r['date']} |")
-    return "\n".join(rows)
+            doctor += f"; not covered: {', '.join(f'`{n}`' for n in r['not_covered'])}"
+        text = (f"**{r['torch_build']}**, Python {r['python']}, {r['layout'] or '?'}. "
+                f"Doctor ({r['date']}): {doctor}. Stock had {len(raced)} of the {len(probed)} "
+                f"races probed{': ' + ', '.join(raced) if raced else ''}. ")
+        if "tests" in r:
+            text += f"Whole suite ({r.get('tests_date', r['date'])}): {r['tests']}"
+            if r.get("failed"):  # by test name: files move, names stay
+                text += "; failed: " + ", ".join(
+                    f"`{f.rsplit('::', 1)[-1]}`" for f in r["failed"][:3])
+            text += "."
+        else:
+            text += "Whole suite: not run."
+        items.append(textwrap.fill(text, 100, initial_indent="- ", subsequent_indent="  ",
+                                   break_on_hyphens=False, break_long_words=False))
+    return "\n".join(items)
 
 
-def write_table() -> None:
-    readme = ROOT / "docs" / "versions.md"
-    text = readme.read_text()
+def render(text: str) -> str:
+    """docs/versions.md's text with the generated list between the sweep markers."""
     if BEGIN not in text or END not in text:
         sys.exit(f"docs/versions.md has no {BEGIN} ... {END} markers")
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
-    readme.write_text(f"{head}{BEGIN}\n{table()}\n{END}{tail}")
+    return f"{head}{BEGIN}\n{table()}\n{END}{tail}"
+
+
+def write_table() -> None:
+    doc = ROOT / "docs" / "versions.md"
+    doc.write_text(render(doc.read_text()))
 
 
 def main(argv: list[str]) -> int:
@@ -152,9 +182,19 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--doctor-only", action="store_true")
     parser.add_argument("--table-only", action="store_true")
     parser.add_argument("--ci-log", help="a .ci/run log: take the suite's summary from it")
+    parser.add_argument("--doctor-with", action="append", default=[], metavar="PYTHON",
+                        help="doctor only, under this interpreter as it is (its torch; this "
+                             "tree's fxguard where PYTHONPATH puts it first); installs nothing")
     args = parser.parse_args(argv)
     from_ci = suites_in_ci_log(Path(args.ci_log).read_text()) if args.ci_log else {}
     RESULTS.mkdir(parents=True, exist_ok=True)
+    for python in args.doctor_with:
+        result = doctor_result(python)
+        result = with_suite(Path(python), result["torch"], result, doctor_only=True)
+        (RESULTS / f"{result['torch']}.json").write_text(json.dumps(result, indent=1) + "\n")
+        print(f"== torch {result['torch_build']}: {result['doctor']}", flush=True)
+    if args.doctor_with:
+        args.table_only = True
     if not args.table_only:
         for version in args.versions:
             print(f"== torch {version}", flush=True)

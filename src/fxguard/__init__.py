@@ -5,10 +5,6 @@
 
 ``import fxguard`` does not import torch; ``install()`` does.
 """
-from __future__ import annotations
-
-from typing import Any
-
 from . import interpreter as _interpreter
 from ._core import RLock, block_mask_lock, fx_tracing, is_fx_symbolic_tracing, is_fx_tracing
 from ._install import __version__, install, is_installed, preview, status, uninstall
@@ -26,7 +22,7 @@ __all__ = [
 _interpreter.watch()  # free-threaded builds: note which later imports turn the GIL on
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     # create_block_mask carries torch's signature, so it is made (importing
     # torch) on first access.
     if name == "create_block_mask":
@@ -37,4 +33,5 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | {"create_block_mask"})
+    # The public names and the module's own dunders; not the helpers it imports.
+    return sorted({*__all__, *(n for n in globals() if n.startswith("__"))})

@@ -85,24 +85,80 @@ def status(options: str, as_json: bool = False, verbose: bool = False) -> int:
 
 
 def _summary(info: dict, verbose: bool) -> str:
-    from .doctor import rows_summary
-    cc = info["concurrent_compiles"]
+    import textwrap
+
+    from .doctor import OUTCOMES, row_lines
+    cc, points, waiting = info["concurrent_compiles"], info["patch_points"], info["waiting"]
+    counts = ", ".join(f"{n} {kind}" for kind in OUTCOMES
+                       if (n := sum(p["outcome"] == kind for p in points)))
     lines = [f"fxguard {info['fxguard']}  torch {info['torch']}  Python {info['python']}",
              f"install() would run in mode {info['mode']} (FX flag layout: {info['layout']}); "
              "nothing was changed",
-             *rows_summary(info["patch_points"], verbose, info["waiting"]),
-             f"autograd workers: {info['autograd_workers']}",
-             f"concurrent_compiles: {'on' if cc['enabled'] else 'off'}; {cc['tested']}"]
+             f"install() would plan {len(points)} rows: {counts}",
+             "  (a row: one thing install() changes in torch, docs/rows.md; by option below"
+             + (")" if verbose else ", --verbose: every row)"),
+             *_rows_by_option(points, info["options"], verbose)]
+    if waiting:
+        lines += textwrap.wrap(
+            "waiting: applied when their module is imported: " + ", ".join(
+                f"{module} ({len(rows)})" for module, rows in waiting.items()), 96,
+            subsequent_indent="  ")
+        lines.append(DIFFERS_FROM_DOCTOR)
+    if not verbose:  # rows fxguard stood down on, always in full
+        lines += [line for p in points if p["outcome"] == "not covered" for line in row_lines(p)]
+    lines += [f"autograd workers: {info['autograd_workers']}",
+              f"concurrent_compiles: {'on' if cc['enabled'] else 'off'}; {cc['tested']}"]
     return "\n".join(lines)
+
+
+# Why `fxguard doctor` counts more rows patched than status (both right for their process).
+DIFFERS_FROM_DOCTOR = ("  fxguard doctor counts these as patched: its probes import those "
+                       "modules before it installs")
+READERS = "fast readers"  # rows made for the reader functions of the per-thread globals
+
+
+def _rows_by_option(points: list[dict], options: dict, verbose: bool) -> list[str]:
+    """The rows grouped by the option that turns them off ("always": none), a line
+    per option counting outcomes; with ``verbose``, each row under its option."""
+    from .doctor import OUTCOMES, row_lines
+    owner = _option_of_each_row()
+    groups: dict[str, list[dict]] = {"always": [], READERS: []}
+    groups.update((f"{o} ({'on' if on else 'off'})", []) for o, on in options.items())
+    for p in points:
+        option = owner.get((p["what"], p["where"]), READERS)
+        name = option if option in (None, READERS) else \
+            f"{option} ({'on' if options[option] else 'off'})"
+        groups[name or "always"].append(p)
+    groups = {name: group for name, group in groups.items() if group}
+    width = max(map(len, groups)) + 2
+    lines = []
+    for name, group in groups.items():
+        counts = ", ".join(f"{n} {kind}" for kind in OUTCOMES
+                           if (n := sum(p["outcome"] == kind for p in group)))
+        if name.endswith(" (off)"):
+            counts += f": install({name.split()[0]}=True) turns them on"
+        lines.append(f"  {name.ljust(width)}{counts}")
+        for p in group if verbose else ():
+            lines += row_lines(p, indent="    ")
+    return lines
+
+
+def _option_of_each_row() -> dict[tuple[str, str], str | None]:
+    """(what, where) of each status row -> the option its row follows (None: always)."""
+    from .machinery.changes import Outcome
+    from .torch_support import rows
+    return {(r.what, r.where): row.option
+            for row in rows.ROWS for r in row.report(Outcome.PATCHED)}
 
 
 def run(argv: list[str]) -> int:
     """Parse fxguard's own options (those before the target), then run the target.
 
-    Options typed here (``--options``) are checked now: a bad one exits 2,
-    naming ``--options``.  Without it, FXGUARD_OPTIONS from the environment
-    applies as it does under FXGUARD=1: a bad value logs a WARNING naming
-    FXGUARD_OPTIONS once torch is imported, and the target runs unpatched."""
+    The options are checked now, before the target runs: ``--options``, or
+    without it FXGUARD_OPTIONS from the environment.  A bad one exits 2 naming
+    its source: whoever typed ``fxguard run`` asked for fxguard, so running the
+    target stock would not be what they typed (under FXGUARD=1 alone, a bad
+    FXGUARD_OPTIONS only warns: see startup.py)."""
     target_at = _target_index(argv)
     parser = argparse.ArgumentParser(
         prog="fxguard run", usage=RUN_USAGE,
@@ -118,12 +174,14 @@ def run(argv: list[str]) -> int:
     import _fxguard_startup  # the FXGUARD=1 hook: install right after the target imports torch
 
     from .startup import install_from_env, parse_options
+    source, text = (("--options", args.options) if args.options is not None
+                    else ("FXGUARD_OPTIONS", os.environ.get("FXGUARD_OPTIONS", "")))
+    try:
+        parse_options(text)
+    except ValueError as e:
+        parser.error(f"{source}: {e}")
     if args.options is not None:
-        try:
-            parse_options(args.options)
-        except ValueError as e:
-            parser.error(f"--options: {e}")
-        os.environ["FXGUARD_OPTIONS"] = args.options  # children inherit these
+        os.environ["FXGUARD_OPTIONS"] = text  # children inherit these
     os.environ["FXGUARD"] = "1"
     _fxguard_startup.after_import("torch", lambda torch: install_from_env())
     if args.module is not None:

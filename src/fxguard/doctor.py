@@ -184,16 +184,20 @@ def rows_summary(points: list[dict], verbose: bool, waiting: dict | None = None)
     (what, where, reason), each on its lines."""
     counts = {kind: sum(p["outcome"] == kind for p in points) for kind in OUTCOMES}
     lines = ["install(): " + ", ".join(f"{n} {kind}" for kind, n in counts.items() if n)
-             + ("" if verbose else "  (--verbose: every row)")]
+             + ("" if verbose else "  (by option: fxguard status; every row: --verbose)")]
     if waiting:
         lines.append("  waiting rows are applied when their module is imported: " + ", ".join(
             f"{module} ({len(rows)})" for module, rows in waiting.items()))
     shown = points if verbose else [p for p in points if p["outcome"] == "not covered"]
     for p in shown:
-        lines.append(f"  {p['what']}: {p['where']}")
-        lines += textwrap.wrap(p["reason"], 96, initial_indent="      ",
-                               subsequent_indent="      ")
+        lines += row_lines(p)
     return lines
+
+
+def row_lines(point: dict, indent: str = "  ") -> list[str]:
+    """One row of status()["patch_points"]: what and where, then its reason."""
+    return [f"{indent}{point['what']}: {point['where']}", *textwrap.wrap(
+        point["reason"], 96, initial_indent=indent + "    ", subsequent_indent=indent + "    ")]
 
 
 def _interpreter_line(info: dict) -> str:

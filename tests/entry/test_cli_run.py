@@ -127,17 +127,23 @@ def test_run_sets_the_environment_its_children_inherit(tmp_path):
     assert proc.stdout.split() == ["1", "eager_backward=0"], proc.stderr
 
 
-def test_bad_options_from_the_environment_warn_and_the_target_runs_unpatched(tmp_path):
-    """README's policy for the environment, under fxguard run too: the WARNING
-    names FXGUARD_OPTIONS (not --options, which was never typed)."""
+def test_bad_options_from_the_environment_are_refused_before_the_target_runs(tmp_path):
+    """Whoever typed ``fxguard run`` asked for fxguard: a bad FXGUARD_OPTIONS exits 2
+    naming FXGUARD_OPTIONS (not --options, which was never typed), as a bad --options
+    does, and the target never runs stock.  (FXGUARD=1 alone only warns: test_startup_hook.)"""
     (tmp_path / "uses_torch.py").write_text(
         "import torch, fxguard\nprint('installed', fxguard.is_installed())\n")
     proc = run("-m", "fxguard", "run", "uses_torch.py", cwd=tmp_path,
                env={**os.environ, "FXGUARD_OPTIONS": "bogus=1"})
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["installed", "False"]
-    assert "FXGUARD_OPTIONS: unknown option 'bogus'" in proc.stderr and "--options" not in proc.stderr
-    assert "runs unpatched" in proc.stderr
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert "error: FXGUARD_OPTIONS: unknown option 'bogus'" in proc.stderr
+    assert "error: --options" not in proc.stderr
+    proc = run("-m", "fxguard", "run", "uses_torch.py", cwd=tmp_path,
+               env={**os.environ, "FXGUARD_OPTIONS": "eager_backward=maybe"})
+    assert proc.returncode == 2 and "FXGUARD_OPTIONS: 'eager_backward=maybe'" in proc.stderr
+    proc = run("-m", "fxguard", "run", "uses_torch.py", cwd=tmp_path,
+               env={**os.environ, "FXGUARD_OPTIONS": "eager_backward=0"})
+    assert proc.returncode == 0 and proc.stdout.split() == ["installed", "True"], proc.stderr
 
 
 def test_options_typed_on_the_command_line_win_over_the_environment(tmp_path):
@@ -186,13 +192,35 @@ def test_status_summary_and_version(tmp_path):
     proc = run("-m", "fxguard", "status", cwd=tmp_path)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     lines = proc.stdout.splitlines()
-    assert len(lines) <= 12 and "nothing was changed" in proc.stdout
-    assert any(line.startswith("install(): ") and " patched" in line for line in lines)
+    assert len(lines) <= 24 and "nothing was changed" in proc.stdout
+    assert any(line.startswith("install() would plan ") and " patched" in line for line in lines)
     # a fresh process has not imported the compiler: its rows wait, and status says for what
+    # and why doctor (whose probes import the compiler first) counts them as patched
     assert any("applied when their module is imported: torch._dynamo" in line for line in lines)
+    assert any("fxguard doctor counts these as patched" in line for line in lines)
     verbose = run("-m", "fxguard", "status", "--verbose", cwd=tmp_path).stdout
     assert "torch.fx._symbolic_trace" in verbose and len(verbose.splitlines()) > len(lines)
     import fxguard
     for argv in (("-m", "fxguard", "--version"),):
         proc = run(*argv, cwd=tmp_path)
         assert proc.returncode == 0 and proc.stdout.strip() == f"fxguard {fxguard.__version__}"
+
+
+def test_status_groups_the_rows_by_the_option_that_turns_them_off(tmp_path):
+    """Every row that is "option off" by default is concurrent_compiles' (the one option
+    off by default), and status says so on that option's line, with how to turn it on."""
+    import json
+
+    import fxguard
+    info = json.loads(run("-m", "fxguard", "status", "--json", cwd=tmp_path).stdout)
+    off = sum(p["outcome"] == "option off" for p in info["patch_points"])
+    text = run("-m", "fxguard", "status", cwd=tmp_path).stdout
+    by_option = {line.split()[0]: line for line in text.splitlines() if line.startswith("  ")}
+    assert set(by_option) >= {"always", "block_mask_lock", "concurrent_compiles"}, text
+    assert f"{off} option off: install(concurrent_compiles=True)" in by_option["concurrent_compiles"]
+    others = [line for name, line in by_option.items() if name != "concurrent_compiles"]
+    assert not any("option off" in line for line in others), text
+    counted = sum(int(n) for line in by_option.values() for n in
+                  __import__("re").findall(r"(\d+) (?:patched|waiting|option off|not )", line))
+    assert counted == len(info["patch_points"]), text  # every row in exactly one group
+    assert fxguard.__version__ in text

@@ -1,0 +1,252 @@
+"""install(), uninstall(), install() with other options and importlib.reload
+while threads are parked inside every function and context manager fxguard
+rewrites.
+
+The targets come from the installed plan (originals' record of every
+``__code__`` it swapped), never from a list kept by hand.  A thread parks:
+
+- in a generator (a @contextmanager's body): it runs the generator to its
+  first ``yield`` and waits there, the generator suspended on no stack;
+- in a plain function: a trace function of that thread alone blocks at the
+  function's first line event.
+
+Each thread calls its target with placeholder arguments (None, or the
+generator's small table below), so its outcome is compared with the same call
+made unparked on stock torch: the same return type or the same exception,
+message included.  A NameError for a name fxguard retired, or any other
+difference, fails the case.  Afterwards the trace state must be per thread
+(checked from two threads) and the module globals exactly as the mode says.
+
+Deterministic: Events order every step; timeouts only guard against hangs.
+"""
+import importlib
+import inspect
+import sys
+import threading
+import types
+
+import pytest
+import torch
+import torch._dynamo  # noqa: F401  (its rows apply only once it is imported)
+import torch.fx.traceback as fx_traceback
+
+import fxguard
+from fxguard import interpreter
+from fxguard.machinery import originals
+
+pytestmark = pytest.mark.skipif(not interpreter.gil_enabled(),
+                                reason="other threads' frames are not walked with the GIL off")
+
+HANG = int(__import__("os").environ.get("H3_HANG", 120))  # seconds: a hang guard only
+OTHER = {"compile_once": False}  # install() with other options than the defaults
+# A generator that needs a real argument to reach its yield.
+ARGS = {"annotate": ({},)}
+
+
+def _plan():
+    """(functions whose code install() swaps, modules whose globals it makes per
+    thread, those globals) on this torch."""
+    fxguard.install()
+    try:
+        patches = originals.applied()
+        functions = [p.owner for p in patches
+                     if p.attr == "__code__" and isinstance(p.owner, types.FunctionType)]
+        owners = list(dict.fromkeys(p.owner for p in patches
+                                    if p.attr == "__getattr__" and isinstance(p.owner, types.ModuleType)))
+        globals_ = [(p.owner, p.attr) for p in patches
+                    if p.value is originals.MISSING and isinstance(p.owner, types.ModuleType)]
+    finally:
+        fxguard.uninstall()
+    return functions, owners, globals_
+
+
+FUNCTIONS, OWNERS, GLOBALS = _plan()
+
+
+def _is_generator(fn):
+    return bool(fn.__code__.co_flags & inspect.CO_GENERATOR)
+
+
+def _arguments(fn):
+    if fn.__name__ in ARGS:
+        return ARGS[fn.__name__], {}
+    code = fn.__code__
+    required = code.co_argcount - len(fn.__defaults__ or ())
+    kwonly = code.co_varnames[code.co_argcount:code.co_argcount + code.co_kwonlyargcount]
+    return (None,) * required, {k: None for k in kwonly if k not in (fn.__kwdefaults__ or {})}
+
+
+def _outcome(call):
+    try:
+        result = call()
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return f"returned {type(result).__name__}"
+
+
+def _call(fn, parked=None, release=None):
+    """Run fn (a generator: to its yield, then to its end); park between if asked."""
+    args, kwargs = _arguments(fn)
+    if _is_generator(fn):
+        gen = fn(*args, **kwargs)
+        first = _outcome(lambda: next(gen))
+        if not first.startswith("returned"):
+            return first
+        if parked is not None:
+            parked.set()
+            assert release.wait(HANG)
+        try:
+            next(gen)
+        except StopIteration:
+            return first
+        except Exception as e:
+            return f"{type(e).__name__}: {e}"
+        return "did not stop"
+    if parked is None:
+        return _outcome(lambda: fn(*args, **kwargs))
+    code = fn.__code__
+
+    def in_frame(frame, event, arg):
+        if event == "line" and not parked.is_set():
+            parked.set()
+            assert release.wait(HANG)
+        return in_frame
+
+    def tracer(frame, event, arg):
+        return in_frame if event == "call" and frame.f_code is code else None
+
+    sys.settrace(tracer)
+    try:
+        return _outcome(lambda: fn(*args, **kwargs))
+    finally:
+        sys.settrace(None)
+
+
+BASELINE = {}  # (installed?) -> {fn: its outcome, parked with nothing changed meanwhile}
+
+
+def _parked(change):
+    """Park a thread in every target, run change(), then release them one at a
+    time in a fixed order (each runs to its end before the next goes on: stock
+    shares these globals between threads, so the order must not vary)."""
+    threads, outcomes, errors = [], {}, []
+    for fn in FUNCTIONS:
+        parked, release = threading.Event(), threading.Event()
+
+        def run(fn=fn, parked=parked, release=release):
+            try:
+                outcomes[fn] = _call(fn, parked, release)
+            except BaseException as e:  # the harness's own failure: reported below
+                errors.append((fn, e))
+            finally:
+                parked.set()  # also where it returned before its yield
+        thread = threading.Thread(target=run, daemon=True, name=f"parked-{fn.__qualname__}")
+        thread.start()
+        assert parked.wait(HANG), fn
+        threads.append((thread, release))
+    try:
+        change()
+    finally:
+        for thread, release in threads:
+            release.set()
+            thread.join(HANG)
+    assert not [t.name for t, _ in threads if t.is_alive()]
+    assert errors == []
+    return outcomes
+
+
+def _parked_during(change):
+    """How each outcome differs from the same run with nothing changed while the
+    threads were parked (in the mode they were parked in: the code they run)."""
+    installed = fxguard.is_installed()
+    if installed not in BASELINE:
+        options = fxguard.status()["options"]
+        BASELINE[installed] = _parked(lambda: None)
+        fxguard.uninstall()  # the baseline's threads changed stock globals, as stock does
+        if options:
+            fxguard.install(**options)
+    expected = BASELINE[installed]
+    outcomes = _parked(change)
+    return {f"{fn.__module__}.{fn.__qualname__}": (expected[fn], outcomes[fn])
+            for fn in FUNCTIONS if outcomes[fn] != expected[fn]}
+
+
+def _in_thread(fn):
+    box = []
+    t = threading.Thread(target=lambda: box.append(_outcome(fn)))
+    t.start()
+    t.join(HANG)
+    return box[0]
+
+
+def _assert_per_thread():
+    """One thread's node meta and flags are not another's, and no module global
+    shadows fxguard's per-thread view."""
+    assert fxguard.status()["mode"] == "patched"
+    shadowing = [f"{m.__name__}.{n}" for m, n in GLOBALS if n in vars(m)]
+    assert shadowing == []
+    inside, checked = threading.Event(), threading.Event()
+    seen = {}
+
+    def writer():
+        with fx_traceback.preserve_node_meta():
+            fx_traceback.current_meta["fxguard-live"] = 1
+            seen["own"] = "fxguard-live" in fx_traceback.get_current_meta()
+            inside.set()
+            assert checked.wait(HANG)
+
+    def other():
+        assert inside.wait(HANG)
+        seen["other preserves"] = fx_traceback.has_preserved_node_meta()
+        seen["other meta"] = "fxguard-live" in fx_traceback.current_meta
+        checked.set()
+
+    threads = [threading.Thread(target=writer), threading.Thread(target=other)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(HANG)
+    assert seen == {"own": True, "other preserves": False, "other meta": False}
+
+
+def _assert_stock():
+    assert fxguard.status()["mode"] == "not-installed"
+    missing = [f"{m.__name__}.{n}" for m, n in GLOBALS if n not in vars(m)]
+    left = sorted({f"{m.__name__}.{k}" for m in {m for m, _ in GLOBALS} | set(OWNERS)
+                   for k in vars(m) if k.startswith("__fxguard")})
+    assert (missing, left) == ([], [])
+    assert _in_thread(fx_traceback.has_preserved_node_meta) == "returned bool"
+
+
+def test_the_plan_has_targets():
+    """The harness covers what the plan changes (a plan without generators or
+    per-thread globals would make the cases below vacuous)."""
+    assert any(map(_is_generator, FUNCTIONS)) and GLOBALS and OWNERS
+    assert len(FUNCTIONS) > 20
+
+
+def test_install_while_threads_are_inside():
+    assert _parked_during(fxguard.install) == {}
+    _assert_per_thread()
+
+
+def test_uninstall_while_threads_are_inside():
+    fxguard.install()
+    assert _parked_during(fxguard.uninstall) == {}
+    _assert_stock()
+
+
+def test_install_with_other_options_while_threads_are_inside():
+    fxguard.install()
+    assert _parked_during(lambda: fxguard.install(**OTHER)) == {}
+    assert fxguard.status()["options"]["compile_once"] is False
+    _assert_per_thread()
+
+
+@pytest.mark.parametrize("module", [m.__name__ for m in OWNERS])
+def test_reload_while_threads_are_inside(module):
+    fxguard.install()
+    assert _parked_during(lambda: importlib.reload(sys.modules[module])) == {}
+    _assert_per_thread()
+    fxguard.uninstall()
+    _assert_stock()

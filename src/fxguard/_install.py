@@ -9,11 +9,13 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+import time
+import types
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from . import _core, interpreter
-from .machinery import code_cache, codegen, import_watch, originals, settle
+from .machinery import code_cache, codegen, import_watch, originals, per_thread_globals, settle
 from .machinery.changes import Outcome, Row
 from .torch_support.rows import OPTIONS, Options
 
@@ -39,7 +41,7 @@ class Installed:
 
 
 _installed: Installed | None = None
-_watcher = import_watch.Watcher("torch", lambda: _apply_waiting())
+_watcher = import_watch.Watcher("torch", lambda: _apply_waiting(), lambda name: _reloaded(name))
 
 def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
             eager_backward: bool = True, config_follows_thread: bool = True,
@@ -93,6 +95,7 @@ def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
     # installs as torch finishes importing, in this very thread.
     import torch  # noqa: F401
     with _lock:
+        _sweep_locked()
         if _installed is not None:
             if _installed.options == chosen:
                 return status()
@@ -105,7 +108,7 @@ def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
             # The core first: rewritten code reads its slots as soon as it is live.
             carried, workers = _configure_core(facts.layout, prepared.defaults,
                                                prepared.carry_context)
-            originals.apply_all(prepared.changes, _settle)
+            originals.apply_all(prepared.changes, settle.live, settle.names_in_use)
             for module, name, value in prepared.initial:  # this thread keeps what it had
                 setattr(vars(module)[codegen.TLS], name, value)
             if carried:  # records go to torch's thread-locals
@@ -120,6 +123,7 @@ def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
         _watch(prepared.later)
         _log_installed(_installed.rows)
         _catch_up_locked()  # a module imported by another thread while this one planned
+        _sweep_later()
         return status()
 
 
@@ -137,12 +141,45 @@ def _prepare(chosen: Options, later: Any = None) -> tuple[Any, Any]:
 
 
 def _watch(later: Any) -> None:
-    """Watch imports of torch's modules while rows wait for one."""
+    """Watch imports of torch's modules while rows wait for one, and reloads of
+    the modules fxguard changed."""
     _watcher.wanted = set(later.waiting)
-    if later.waiting:
+    _watcher.patched = _patched_modules()
+    if later.waiting or _watcher.patched:
         _watcher.start()
     else:
         _watcher.stop()
+
+
+def _patched_modules() -> set[str]:
+    names = set()
+    for patch in originals.applied():
+        owner = patch.owner
+        name = owner.__name__ if isinstance(owner, types.ModuleType) else getattr(owner, "__module__", None)
+        if isinstance(name, str) and name.split(".")[0] == "torch":
+            names.add(name)
+    return names
+
+
+def _reloaded(name: str) -> None:
+    """importlib.reload of a module fxguard changed put stock functions and
+    globals back in it, while the old functions (which other modules imported
+    by name) still run rewritten code: fxguard stands down as a whole (a
+    WARNING; status() says not-installed) rather than run half patched.
+    Installing again re-plans the module's new functions, but leaves the old
+    ones stock over deleted globals, so it is left to the caller."""
+    if not _lock.acquire(blocking=False):
+        log.warning("fxguard: %s was reloaded while install() or uninstall() ran; "
+                    "call fxguard.uninstall() and install() again", name)
+        return
+    try:
+        if _installed is not None:
+            log.warning("fxguard: %s was reloaded, which reverts what fxguard changed in it; "
+                        "fxguard uninstalled itself (status() says not-installed)", name)
+            _uninstall_locked()
+            _sweep_later()
+    finally:
+        _lock.release()
 
 
 def _apply_waiting() -> None:
@@ -181,11 +218,11 @@ def _apply_waiting_locked() -> None:
     try:
         _, prepared = _prepare(was.options, was.later)
         _core._extend_layout(*prepared.defaults)
-        originals.apply_all(prepared.changes, _settle)
+        originals.apply_all(prepared.changes, settle.live, settle.names_in_use)
         for module, name, value in prepared.initial:  # this thread keeps what it had
             setattr(vars(module)[codegen.TLS], name, value)
     except BaseException as e:
-        originals.revert_all(_settle, down_to=mark)
+        originals.revert_all(settle.live, settle.names_in_use, _stand_in, down_to=mark)
         log.error("fxguard: could not apply the rows waiting for %s (%s: %s); they stand "
                   "down", ", ".join(sorted(was.later.waiting)), type(e).__name__, e)
         _installed = _merged(was, None)
@@ -330,6 +367,8 @@ def uninstall() -> None:
     """
     with _lock:
         _uninstall_locked()
+        _sweep_locked()
+        _sweep_later()
 
 
 def _uninstall_locked() -> None:
@@ -341,17 +380,52 @@ def _uninstall_locked() -> None:
         raise RuntimeError(f"fxguard.uninstall(): {busy} thread(s) are inside an FX trace; "
                            "uninstall after they finish")
     _watcher.stop()
-    originals.revert_all(_settle)
+    originals.revert_all(settle.live, settle.names_in_use, _stand_in)
     _core._configure(_core.MODE_OFF)
     _installed = None
 
 
-def _settle(codes: list) -> None:
-    """Let other threads leave the code a change retires before names go."""
-    busy = settle.settle(codes)
-    if busy:
-        log.warning("fxguard: thread(s) %s still ran torch code that was just replaced; "
-                    "they may read a name that is gone", ", ".join(sorted(set(busy))))
+def _stand_in(patch: originals.Patch) -> Any:
+    """What a name fxguard added stays bound to after uninstall() while a frame
+    of its code can still read it: a module view reads the module's own
+    globals; anything else keeps working as it was."""
+    if patch.attr == codegen.TLS and isinstance(patch.owner, types.ModuleType):
+        return per_thread_globals.StockGlobals(vars(patch.owner))
+    if isinstance(getattr(patch.value, "__self__", None), _core.Reader):
+        # A reader's namespace: the function itself, stock again, answers as stock.
+        for value in vars(patch.owner).values():
+            if isinstance(value, types.FunctionType) and codegen.namespace_name(value) == patch.attr:
+                return value
+    return patch.value
+
+
+def _sweep_locked() -> None:
+    originals.sweep(settle.names_in_use)
+
+
+_sweeper: threading.Thread | None = None
+
+
+def _sweep_later() -> None:
+    """While names wait for frames of retired code (a thread parked in a torch
+    function, a with-body's generator), a daemon thread finishes the job once
+    they moved on: it exits as soon as nothing waits."""
+    global _sweeper
+    if not originals.held() or (_sweeper is not None and _sweeper.is_alive()):
+        return
+
+    def sweep() -> None:
+        delay = 0.001
+        while True:
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+            with _lock:
+                _sweep_locked()
+                if not originals.held():
+                    return
+
+    _sweeper = threading.Thread(target=sweep, name="fxguard-sweep", daemon=True)
+    _sweeper.start()
 
 
 def is_installed() -> bool:

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from . import _core, interpreter
-from .machinery import code_cache, codegen, import_watch, originals, per_thread_globals, settle
+from .machinery import code_cache, codegen, import_watch, originals, settle
 from .machinery.changes import Outcome, Row
 from .torch_support.rows import OPTIONS, Options
 
@@ -99,8 +99,12 @@ def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
         if _installed is not None:
             if _installed.options == chosen:
                 return status()
-            _uninstall_locked()
-        facts, prepared = _prepare(chosen)  # raises before touching torch
+            _uninstall_locked(core_off=False)  # the same slots: threads keep their records
+        try:
+            facts, prepared = _prepare(chosen)  # raises before touching torch
+        except BaseException:
+            _sweep_locked()  # the core goes off with nothing installed
+            raise
         mark = len(originals.applied())
         for register in prepared.up_front:  # what torch itself would do lazily, never undone
             register()
@@ -115,7 +119,8 @@ def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
                 _wait_for_exiting_threads_at_exit()
         except BaseException:
             originals.revert_all(down_to=mark)
-            _core._configure(_core.MODE_OFF)
+            _installed = None
+            _sweep_locked()  # the core goes off unless uninstall() left names for frames
             raise
         _installed = Installed(facts.layout, chosen, prepared.rows, workers,
                                dict(code_cache.last), prepared.concurrent, prepared.compile_once,
@@ -218,6 +223,7 @@ def _apply_waiting_locked() -> None:
     try:
         _, prepared = _prepare(was.options, was.later)
         _core._extend_layout(*prepared.defaults)
+        _extended(prepared.defaults)
         originals.apply_all(prepared.changes, settle.live, settle.names_in_use)
         for module, name, value in prepared.initial:  # this thread keeps what it had
             setattr(vars(module)[codegen.TLS], name, value)
@@ -328,13 +334,36 @@ def _workers(mode: int, hooks: dict[str, Any]) -> tuple[bool, str]:
     return True, carried
 
 
+_core_config: tuple | None = None  # what the core was configured with, while it is
+
+
 def _configure_core(layout: str, defaults: tuple[tuple, tuple],
                     carry_context: bool) -> tuple[bool, str]:
-    """Hand the C core the slot layout and the torch functions it may call."""
+    """Hand the C core the slot layout and the torch functions it may call.
+    A core already configured alike keeps every thread's record: a thread
+    inside a with-block over install() with other options keeps its values."""
+    global _core_config
     mode, hooks = _core_hooks(layout)
-    _core._configure(mode, defaults=defaults[0], factories=defaults[1],
-                     carry_context=carry_context, **hooks)
+    wanted = (mode, defaults[0], defaults[1], carry_context, hooks)
+    if _core_config != wanted or _core._mode() != mode:
+        _core._configure(mode, defaults=defaults[0], factories=defaults[1],
+                         carry_context=carry_context, **hooks)
+        _core_config = wanted
     return _workers(mode, hooks)
+
+
+def _extended(defaults: tuple[tuple, tuple]) -> None:
+    """The core's layout grew (rows applied on import)."""
+    global _core_config
+    if _core_config is not None:
+        mode, old_defaults, old_factories, carry, hooks = _core_config
+        _core_config = (mode, old_defaults + defaults[0], old_factories + defaults[1], carry, hooks)
+
+
+def _core_off() -> None:
+    global _core_config
+    _core._configure(_core.MODE_OFF)
+    _core_config = None
 
 
 def preview(**options: bool) -> dict:
@@ -371,7 +400,11 @@ def uninstall() -> None:
         _sweep_later()
 
 
-def _uninstall_locked() -> None:
+def _uninstall_locked(core_off: bool = True) -> None:
+    """Revert every change.  The core keeps the threads' records while a frame
+    of rewritten code can still read them (its with-block goes on with its
+    thread's values; the sweep turns the core off after), and across an
+    install() with other options (whose slots are the same ones)."""
     global _installed
     if _installed is None:
         return
@@ -381,16 +414,16 @@ def _uninstall_locked() -> None:
                            "uninstall after they finish")
     _watcher.stop()
     originals.revert_all(settle.live, settle.names_in_use, _stand_in)
-    _core._configure(_core.MODE_OFF)
     _installed = None
+    if core_off and not _kept():
+        _core_off()
 
 
 def _stand_in(patch: originals.Patch) -> Any:
     """What a name fxguard added stays bound to after uninstall() while a frame
-    of its code can still read it: a module view reads the module's own
-    globals; anything else keeps working as it was."""
-    if patch.attr == codegen.TLS and isinstance(patch.owner, types.ModuleType):
-        return per_thread_globals.StockGlobals(vars(patch.owner))
+    of its code can still read it: a module's view stays (the core keeps that
+    thread's record until the sweep), a reader's namespace becomes the
+    function itself, stock again; anything else keeps working as it was."""
     if isinstance(getattr(patch.value, "__self__", None), _core.Reader):
         # A reader's namespace: the function itself, stock again, answers as stock.
         for value in vars(patch.owner).values():
@@ -401,6 +434,14 @@ def _stand_in(patch: originals.Patch) -> Any:
 
 def _sweep_locked() -> None:
     originals.sweep(settle.names_in_use)
+    if _installed is None and not _kept():
+        _core_off()
+
+
+def _kept() -> bool:
+    """Names uninstall() left bound wait for frames (deferred deletions do not
+    need the core)."""
+    return any(not item.deletion for item in originals.held())
 
 
 _sweeper: threading.Thread | None = None
@@ -443,7 +484,7 @@ def status() -> dict:
         "fxguard": __version__,
         "torch": getattr(torch, "__version__", None),
         "python": sys.version.split()[0],
-        "mode": _MODES[_core._mode()],
+        "mode": _MODES[_core._mode()] if _installed is not None else _MODES[_core.MODE_OFF],
         "layout": None,
         "options": None,
         "patch_points": [],

@@ -129,13 +129,16 @@ class Watcher:
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
         if not _under(name, self.package) or getattr(self._local, "busy", False):
             return None
+        reload = name in sys.modules and name in self.patched
+        if not reload and not self.wanted:  # watching reloads only: no cost to other imports
+            return None
         self._local.busy = True
         try:
             spec = _find_after(self, name, path, target)
         finally:
             self._local.busy = False
         if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            if name in sys.modules and name in self.patched:  # importlib.reload
+            if reload:  # importlib.reload: an import of a module in sys.modules
                 self._watch_reload(spec.loader, name)
             else:
                 self._watch(spec.loader, name)

@@ -372,31 +372,6 @@ def _module_getattr(module: types.ModuleType, names: dict[str, int], chained: An
     return __getattr__
 
 
-class StockGlobals:
-    """What uninstall() leaves bound as a module's view while a frame of rewritten
-    code (a with-body's suspended generator, a thread in mid-call) can still
-    read it: ``view.name`` reads and assigns the module global, as stock does."""
-    __slots__ = ("_globals",)
-
-    def __init__(self, module_globals: dict) -> None:
-        object.__setattr__(self, "_globals", module_globals)
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self._globals[name]
-        except KeyError:
-            raise NameError(f"name {name!r} is not defined") from None
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        self._globals[name] = value
-
-    def __delattr__(self, name: str) -> None:
-        del self._globals[name]
-
-    def __repr__(self) -> str:
-        return "<fxguard view left by uninstall(): the module's own globals>"
-
-
 def _check_covered(module: types.ModuleType, name: str, users: list) -> None:
     """Every use of the global inside a def of the module's source lies in a
     rewritten function; else some code would still read the process-wide one."""

@@ -58,3 +58,28 @@ def test_readers_through_install_cycles():
         stop.set()
         thread.join(60)
     assert errors == []
+
+
+def test_a_thread_started_after_install_holds_nothing_back(caplog):
+    """A thread started after install() has fxguard's Thread._bootstrap at the
+    bottom of its stack, already past its one read of fxguard's namespace (as
+    inductor's tqdm_monitor and compile pool after any compile): install() with
+    other options and uninstall() neither wait for it nor warn, and remove
+    every name at once."""
+    import logging
+
+    from fxguard.machinery import originals
+    fxguard.install()
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, args=(120,), name="idle-after-install")
+    thread.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="fxguard"):
+            fxguard.install(compile_once=False)
+            fxguard.uninstall()
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+        assert originals.held() == ()
+        assert not [name for name in vars(threading) if name.startswith("__fxguard")]
+    finally:
+        stop.set()
+        thread.join(120)

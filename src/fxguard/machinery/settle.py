@@ -86,7 +86,11 @@ _SUSPENDABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GE
 _STOPS = {"RETURN_VALUE", "RETURN_CONST", "RAISE_VARARGS", "RERAISE", "JUMP_FORWARD",
           "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "JUMP", "JUMP_NO_INTERRUPT",
           "JUMP_ABSOLUTE"}
-_USES = {"LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL", "LOAD_NAME", "STORE_NAME"}
+_JUMPS = set(getattr(dis, "hasjump", ())) | set(dis.hasjrel) | set(dis.hasjabs)
+# Globals, and attributes: a writer in another module assigns ``module.name``
+# (an unrelated attribute of the same name only holds a name a little longer).
+_USES = {"LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL", "LOAD_NAME", "STORE_NAME",
+         "LOAD_ATTR", "STORE_ATTR", "DELETE_ATTR", "LOAD_METHOD", "LOAD_SUPER_ATTR"}
 
 
 def _flow(code: types.CodeType) -> tuple[list, dict[int, int]]:
@@ -95,8 +99,8 @@ def _flow(code: types.CodeType) -> tuple[list, dict[int, int]]:
 
 
 def names_ahead(code: types.CodeType, lasti: int) -> set[str]:
-    """Global names that instructions reachable after offset ``lasti`` use
-    (-1: a frame that has not started)."""
+    """Global (and attribute) names that instructions reachable from offset
+    ``lasti`` use (-1: a frame that has not started)."""
     instructions, index = _flow(code)
     handlers = [(e.start, e.end, e.target)
                 for e in getattr(dis.Bytecode(code), "exception_entries", ())]
@@ -114,7 +118,7 @@ def names_ahead(code: types.CodeType, lasti: int) -> set[str]:
             found.add(ins.argval)
         if ins.opname not in _STOPS:
             todo.append(i + 1)
-        if ins.opcode in dis.hasjrel or ins.opcode in dis.hasjabs:
+        if ins.opcode in _JUMPS:
             if ins.argval in index:
                 todo.append(index[ins.argval])
         todo += [index[t] for s, e, t in handlers if s <= ins.offset < e and t in index]

@@ -26,7 +26,6 @@ import gc
 import inspect
 import sys
 import threading
-import time
 import types
 from typing import Iterable
 
@@ -66,20 +65,6 @@ def threads_running(codes: Iterable[types.CodeType]) -> list[str]:
                 break
             frame = frame.f_back
     return busy
-
-
-def settle(codes: Iterable[types.CodeType], timeout: float = 5.0) -> list[str]:
-    """Wait (sleeping, so other threads run) until no other thread runs ``codes``;
-    the threads still in them after ``timeout`` seconds (empty: settled)."""
-    codes = list(codes)
-    if not codes or not interpreter.gil_enabled():
-        return []
-    deadline = time.monotonic() + timeout
-    while True:
-        busy = threads_running(codes)
-        if not busy or time.monotonic() >= deadline:
-            return busy
-        time.sleep(0.0005)
 
 
 _SUSPENDABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR

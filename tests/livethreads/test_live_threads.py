@@ -10,15 +10,17 @@ The targets come from the installed plan (originals' record of every
 - in a plain function: a trace function of that thread alone blocks at the
   function's first line event.
 
-Each thread calls its target with placeholder arguments (None, or the
-generator's small table below), so its outcome is compared with the same call
-made unparked on stock torch: the same return type or the same exception,
-message included.  A NameError for a name fxguard retired, or any other
-difference, fails the case.  Afterwards the trace state must be per thread
-(checked from two threads) and the module globals exactly as the mode says.
+Each thread calls its target with placeholder arguments (None, or the small
+table below): its outcome (return type, or exception and message) must be the
+one the same parked run gives with nothing changed while the threads were
+parked, in the mode they were parked in.  A NameError for a name fxguard
+retired, or any other difference, fails the case.  Afterwards the trace state
+must be per thread (checked from two threads), no module global shadows
+fxguard's view, and after uninstall every name is as stock had it.
 
 Deterministic: Events order every step; timeouts only guard against hangs.
 """
+import functools
 import importlib
 import inspect
 import sys
@@ -37,15 +39,16 @@ from fxguard.machinery import originals
 pytestmark = pytest.mark.skipif(not interpreter.gil_enabled(),
                                 reason="other threads' frames are not walked with the GIL off")
 
-HANG = int(__import__("os").environ.get("H3_HANG", 120))  # seconds: a hang guard only
+HANG = 120  # seconds: a hang guard only
 OTHER = {"compile_once": False}  # install() with other options than the defaults
 # A generator that needs a real argument to reach its yield.
 ARGS = {"annotate": ({},)}
 
 
+@functools.lru_cache(maxsize=None)
 def _plan():
     """(functions whose code install() swaps, modules whose globals it makes per
-    thread, those globals) on this torch."""
+    thread, those globals) on this torch; made once, when a test first asks."""
     fxguard.install()
     try:
         patches = originals.applied()
@@ -60,8 +63,12 @@ def _plan():
     return functions, owners, globals_
 
 
-FUNCTIONS, OWNERS, GLOBALS = _plan()
-NAMES = [f"{fn.__module__}.{fn.__qualname__}" for fn in FUNCTIONS]
+def _functions():
+    return _plan()[0]
+
+
+def _globals():
+    return _plan()[2]
 
 
 def _is_generator(fn):
@@ -85,17 +92,16 @@ def _outcome(call):
     return f"returned {type(result).__name__}"
 
 
-def _call(fn, parked=None, release=None):
-    """Run fn (a generator: to its yield, then to its end); park between if asked."""
+def _call(fn, parked, release):
+    """Run fn parked: a generator at its yield, a function at its first line."""
     args, kwargs = _arguments(fn)
     if _is_generator(fn):
         gen = fn(*args, **kwargs)
         first = _outcome(lambda: next(gen))
         if not first.startswith("returned"):
             return first
-        if parked is not None:
-            parked.set()
-            assert release.wait(HANG)
+        parked.set()
+        assert release.wait(HANG)
         try:
             next(gen)
         except StopIteration:
@@ -103,8 +109,6 @@ def _call(fn, parked=None, release=None):
         except Exception as e:
             return f"{type(e).__name__}: {e}"
         return "did not stop"
-    if parked is None:
-        return _outcome(lambda: fn(*args, **kwargs))
     code = fn.__code__
 
     def in_frame(frame, event, arg):
@@ -131,7 +135,7 @@ def _parked(change):
     time in a fixed order (each runs to its end before the next goes on: stock
     shares these globals between threads, so the order must not vary)."""
     threads, outcomes, errors = [], {}, []
-    for fn in FUNCTIONS:
+    for fn in _functions():
         parked, release = threading.Event(), threading.Event()
 
         def run(fn=fn, parked=parked, release=release):
@@ -169,7 +173,7 @@ def _parked_during(change):
     expected = BASELINE[installed]
     outcomes = _parked(change)
     return {f"{fn.__module__}.{fn.__qualname__}": (expected[fn], outcomes[fn])
-            for fn in FUNCTIONS if outcomes[fn] != expected[fn]}
+            for fn in _functions() if outcomes[fn] != expected[fn]}
 
 
 def _in_thread(fn):
@@ -196,7 +200,7 @@ def _assert_per_thread():
     shadows fxguard's per-thread view."""
     _swept()
     assert fxguard.status()["mode"] != "not-installed"
-    shadowing = [f"{m.__name__}.{n}" for m, n in GLOBALS if n in vars(m)]
+    shadowing = [f"{m.__name__}.{n}" for m, n in _globals() if n in vars(m)]
     assert shadowing == []
     inside, checked = threading.Event(), threading.Event()
     seen = {}
@@ -225,8 +229,8 @@ def _assert_per_thread():
 def _assert_stock():
     _swept()
     assert fxguard.status()["mode"] == "not-installed"
-    missing = [f"{m.__name__}.{n}" for m, n in GLOBALS if n not in vars(m)]
-    left = sorted({f"{m.__name__}.{k}" for m in {m for m, _ in GLOBALS} | set(OWNERS)
+    missing = [f"{m.__name__}.{n}" for m, n in _globals() if n not in vars(m)]
+    left = sorted({f"{m.__name__}.{k}" for m in {m for m, _ in _globals()} | set(_plan()[1])
                    for k in vars(m) if k.startswith("__fxguard")})
     assert (missing, left) == ([], [])
     assert _in_thread(fx_traceback.has_preserved_node_meta) == "returned bool"
@@ -235,8 +239,9 @@ def _assert_stock():
 def test_the_plan_has_targets():
     """The harness covers what the plan changes (a plan without generators or
     per-thread globals would make the cases below vacuous)."""
-    assert any(map(_is_generator, FUNCTIONS)) and GLOBALS and OWNERS
-    assert len(FUNCTIONS) > 20
+    functions, owners, globals_ = _plan()
+    assert any(map(_is_generator, functions)) and globals_ and owners
+    assert len(functions) > 20
 
 
 def test_install_while_threads_are_inside():
@@ -264,10 +269,11 @@ def test_install_with_other_options_while_threads_are_inside():
 RELOADABLE = ("torch.fx.traceback",)  # a later case would hold the first reload's old functions
 
 
-@pytest.mark.parametrize("module", [m.__name__ for m in OWNERS if m.__name__ in RELOADABLE])
+@pytest.mark.parametrize("module", RELOADABLE)
 def test_reload_while_threads_are_inside(module):
     """reload() puts stock functions and globals back: fxguard stands down as a
     whole (status() says so) and the parked threads finish as stock."""
+    assert module in {m.__name__ for m in _plan()[1]}  # one whose globals fxguard changes
     fxguard.install()
     assert _parked_during(lambda: importlib.reload(sys.modules[module])) == {}
     _assert_stock()

@@ -136,7 +136,7 @@ def apply_all(changes: list[Change], frames: Frames | None = None,
                 retired.append(patch.original)
     busy: set[str] = set()
     found = None
-    if deletions and frames is not None:
+    if deletions and frames is not None and in_use is not None:
         names = {change.attr for change in deletions}
         found = frames([code for code in retired if _uses(code, names)])
         busy = in_use(found, names)
@@ -172,7 +172,7 @@ def revert_all(frames: Frames | None = None, in_use: InUse | None = None,
         revert(patch)
     busy: set[str] = set()
     found = None
-    if added and frames is not None:
+    if added and frames is not None and in_use is not None:
         names = {patch.attr for patch in added}
         found = frames([code for code in retired if _uses(code, names)])
         busy = in_use(found, names)

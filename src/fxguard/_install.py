@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from . import _core, interpreter
-from .machinery import code_cache, codegen, import_watch, originals, settle
+from .machinery import code_cache, codegen, import_watch, originals, per_thread_globals, settle
 from .machinery.changes import Outcome, Row
 from .torch_support.rows import OPTIONS, Options
 
@@ -167,24 +167,30 @@ def _patched_modules() -> set[str]:
 
 
 def _reloaded(name: str) -> None:
-    """importlib.reload of a module fxguard changed put stock functions and
-    globals back in it, while the old functions (which other modules imported
-    by name) still run rewritten code: fxguard stands down as a whole (a
-    WARNING; status() says not-installed) rather than run half patched.
-    Installing again re-plans the module's new functions, but leaves the old
-    ones stock over deleted globals, so it is left to the caller."""
+    """importlib.reload of a module fxguard changed ran its source again: stock
+    functions and globals are back in it, while the functions its earlier run
+    defined (which other modules imported by name) still run fxguard's code.
+    Install again with the same options, over both (per_thread_globals.RELOADED);
+    if that fails, fxguard stands down (a WARNING; status() says not-installed)."""
     if not _lock.acquire(blocking=False):
         log.warning("fxguard: %s was reloaded while install() or uninstall() ran; "
                     "call fxguard.uninstall() and install() again", name)
         return
     try:
-        if _installed is not None:
-            log.warning("fxguard: %s was reloaded, which reverts what fxguard changed in it; "
-                        "fxguard uninstalled itself (status() says not-installed)", name)
-            _uninstall_locked()
-            _sweep_later()
+        if _installed is None:
+            return
+        options = asdict(_installed.options)
+        per_thread_globals.RELOADED.add(name)
+        _uninstall_locked(core_off=False)
     finally:
         _lock.release()
+    try:
+        install(**options)
+    except Exception as e:
+        log.warning("fxguard: %s was reloaded and installing again failed (%s: %s); fxguard "
+                    "stood down (status() says not-installed)", name, type(e).__name__, e)
+        return
+    log.warning("fxguard: %s was reloaded; fxguard installed again over its new functions", name)
 
 
 def _apply_waiting() -> None:
@@ -344,7 +350,10 @@ def _configure_core(layout: str, defaults: tuple[tuple, tuple],
     inside a with-block over install() with other options keeps its values."""
     global _core_config
     mode, hooks = _core_hooks(layout)
-    wanted = (mode, defaults[0], defaults[1], carry_context, hooks)
+    # A hook reloaded since (torch.compiler.is_compiling) is the same function again.
+    named = {k: (v.__module__, v.__qualname__) if isinstance(v, types.FunctionType) else v
+             for k, v in hooks.items()}
+    wanted = (mode, defaults[0], defaults[1], carry_context, named)
     if _core_config != wanted or _core._mode() != mode:
         _core._configure(mode, defaults=defaults[0], factories=defaults[1],
                          carry_context=carry_context, **hooks)

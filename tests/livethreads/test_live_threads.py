@@ -266,16 +266,22 @@ def test_install_with_other_options_while_threads_are_inside():
 # (torch._ops, _python_dispatch, _symbolic_trace, ...) breaks stock torch in
 # the process ("torch.Size is already registered as pytree node"): only the
 # plan's modules whose reload stock survives are reloaded here.
-RELOADABLE = ("torch.fx.traceback",)  # a later case would hold the first reload's old functions
+RELOADABLE = ("torch.fx.traceback", "torch.compiler")
 
 
 @pytest.mark.parametrize("module", RELOADABLE)
 def test_reload_while_threads_are_inside(module):
-    """reload() puts stock functions and globals back: fxguard stands down as a
-    whole (status() says so) and the parked threads finish as stock."""
+    """reload() puts stock functions and globals back: fxguard installs again,
+    over the module's new functions and the old ones others imported by name."""
     assert module in {m.__name__ for m in _plan()[1]}  # one whose globals fxguard changes
     fxguard.install()
+    old = [fn for fn in _functions() if fn.__module__ == module]
     assert _parked_during(lambda: importlib.reload(sys.modules[module])) == {}
-    _assert_stock()
-    fxguard.install()
     _assert_per_thread()
+    new = [v for v in vars(sys.modules[module]).values() if isinstance(v, types.FunctionType)]
+    assert new and not set(new) & set(old)
+    swapped = {id(p.owner) for p in originals.applied() if p.attr == "__code__"}
+    assert all(id(fn) in swapped for fn in old)  # what others imported stays per thread
+    assert any(id(fn) in swapped for fn in new)
+    fxguard.uninstall()
+    _assert_stock()

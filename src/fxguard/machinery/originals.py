@@ -65,6 +65,13 @@ def apply(change: Change) -> Patch:
 
 
 def revert(patch: Patch) -> None:
+    """Put back what was there.  A name fxguard added that something else has
+    replaced since, or a name it deleted that is back (importlib.reload ran the
+    module again), is left as it is now."""
+    now = _own(patch.owner, patch.attr)
+    if (patch.original is MISSING and now is not patch.value) or \
+            (patch.value is MISSING and now is not MISSING):
+        return
     if patch.original is not MISSING or patch.value is not MISSING:
         _put(patch.owner, patch.attr, patch.original)
         if patch.version is not None and patch.original is not MISSING:
@@ -73,6 +80,13 @@ def revert(patch: Patch) -> None:
 
 def _get(owner: object, attr: str) -> Any:
     return owner.get(attr, MISSING) if type(owner) is dict else getattr(owner, attr, MISSING)
+
+
+def _own(owner: object, attr: str) -> Any:
+    """What owner itself holds (a module's dict: never its PEP 562 __getattr__)."""
+    if isinstance(owner, types.ModuleType):
+        return vars(owner).get(attr, MISSING)
+    return _get(owner, attr)
 
 
 def _put(owner: object, attr: str, value: Any) -> None:
@@ -199,9 +213,9 @@ def sweep(in_use: InUse) -> None:
             continue
         _held.remove(item)
         if item.deletion:
-            if _get(change.owner, change.attr) is not MISSING:
+            if _own(change.owner, change.attr) is not MISSING:
                 apply(change)
-        elif _get(change.owner, change.attr) is change.value:
+        elif _own(change.owner, change.attr) is change.value:
             _put(change.owner, change.attr, MISSING)
 
 

@@ -28,7 +28,6 @@ import threading
 import types
 
 import pytest
-import torch
 import torch._dynamo  # noqa: F401  (its rows apply only once it is imported)
 import torch.fx.traceback as fx_traceback
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+import time
+import types
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from . import _core, interpreter
-from .machinery import code_cache, codegen, import_watch, originals, settle
+from .machinery import code_cache, codegen, import_watch, originals, per_thread_globals, settle
 from .machinery.changes import Outcome, Row
 from .torch_support.rows import OPTIONS, Options
 
@@ -39,7 +41,7 @@ class Installed:
 
 
 _installed: Installed | None = None
-_watcher = import_watch.Watcher("torch", lambda: _apply_waiting())
+_watcher = import_watch.Watcher("torch", lambda: _apply_waiting(), lambda name: _reloaded(name))
 
 def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
             eager_backward: bool = True, config_follows_thread: bool = True,
@@ -93,11 +95,16 @@ def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
     # installs as torch finishes importing, in this very thread.
     import torch  # noqa: F401
     with _lock:
+        _sweep_locked()
         if _installed is not None:
             if _installed.options == chosen:
                 return status()
-            _uninstall_locked()
-        facts, prepared = _prepare(chosen)  # raises before touching torch
+            _uninstall_locked(core_off=False)  # the same slots: threads keep their records
+        try:
+            facts, prepared = _prepare(chosen)  # raises before touching torch
+        except BaseException:
+            _sweep_locked()  # the core goes off with nothing installed
+            raise
         mark = len(originals.applied())
         for register in prepared.up_front:  # what torch itself would do lazily, never undone
             register()
@@ -105,14 +112,15 @@ def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
             # The core first: rewritten code reads its slots as soon as it is live.
             carried, workers = _configure_core(facts.layout, prepared.defaults,
                                                prepared.carry_context)
-            originals.apply_all(prepared.changes, _settle)
+            originals.apply_all(prepared.changes, settle.live, settle.names_in_use)
             for module, name, value in prepared.initial:  # this thread keeps what it had
                 setattr(vars(module)[codegen.TLS], name, value)
             if carried:  # records go to torch's thread-locals
                 _wait_for_exiting_threads_at_exit()
         except BaseException:
             originals.revert_all(down_to=mark)
-            _core._configure(_core.MODE_OFF)
+            _installed = None
+            _sweep_locked()  # the core goes off unless uninstall() left names for frames
             raise
         _installed = Installed(facts.layout, chosen, prepared.rows, workers,
                                dict(code_cache.last), prepared.concurrent, prepared.compile_once,
@@ -120,6 +128,7 @@ def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
         _watch(prepared.later)
         _log_installed(_installed.rows)
         _catch_up_locked()  # a module imported by another thread while this one planned
+        _sweep_later()
         return status()
 
 
@@ -137,12 +146,51 @@ def _prepare(chosen: Options, later: Any = None) -> tuple[Any, Any]:
 
 
 def _watch(later: Any) -> None:
-    """Watch imports of torch's modules while rows wait for one."""
+    """Watch imports of torch's modules while rows wait for one, and reloads of
+    the modules fxguard changed."""
     _watcher.wanted = set(later.waiting)
-    if later.waiting:
+    _watcher.patched = _patched_modules()
+    if later.waiting or _watcher.patched:
         _watcher.start()
     else:
         _watcher.stop()
+
+
+def _patched_modules() -> set[str]:
+    names = set()
+    for patch in originals.applied():
+        owner = patch.owner
+        name = owner.__name__ if isinstance(owner, types.ModuleType) else getattr(owner, "__module__", None)
+        if isinstance(name, str) and name.split(".")[0] == "torch":
+            names.add(name)
+    return names
+
+
+def _reloaded(name: str) -> None:
+    """importlib.reload of a module fxguard changed ran its source again: stock
+    functions and globals are back in it, while the functions its earlier run
+    defined (which other modules imported by name) still run fxguard's code.
+    Install again with the same options, over both (per_thread_globals.RELOADED);
+    if that fails, fxguard stands down (a WARNING; status() says not-installed)."""
+    if not _lock.acquire(blocking=False):
+        log.warning("fxguard: %s was reloaded while install() or uninstall() ran; "
+                    "call fxguard.uninstall() and install() again", name)
+        return
+    try:
+        if _installed is None:
+            return
+        options = asdict(_installed.options)
+        per_thread_globals.RELOADED.add(name)
+        _uninstall_locked(core_off=False)
+    finally:
+        _lock.release()
+    try:
+        install(**options)
+    except Exception as e:
+        log.warning("fxguard: %s was reloaded and installing again failed (%s: %s); fxguard "
+                    "stood down (status() says not-installed)", name, type(e).__name__, e)
+        return
+    log.warning("fxguard: %s was reloaded; fxguard installed again over its new functions", name)
 
 
 def _apply_waiting() -> None:
@@ -181,11 +229,12 @@ def _apply_waiting_locked() -> None:
     try:
         _, prepared = _prepare(was.options, was.later)
         _core._extend_layout(*prepared.defaults)
-        originals.apply_all(prepared.changes, _settle)
+        _extended(prepared.defaults)
+        originals.apply_all(prepared.changes, settle.live, settle.names_in_use)
         for module, name, value in prepared.initial:  # this thread keeps what it had
             setattr(vars(module)[codegen.TLS], name, value)
     except BaseException as e:
-        originals.revert_all(_settle, down_to=mark)
+        originals.revert_all(settle.live, settle.names_in_use, _stand_in, down_to=mark)
         log.error("fxguard: could not apply the rows waiting for %s (%s: %s); they stand "
                   "down", ", ".join(sorted(was.later.waiting)), type(e).__name__, e)
         _installed = _merged(was, None)
@@ -291,13 +340,39 @@ def _workers(mode: int, hooks: dict[str, Any]) -> tuple[bool, str]:
     return True, carried
 
 
+_core_config: tuple | None = None  # what the core was configured with, while it is
+
+
 def _configure_core(layout: str, defaults: tuple[tuple, tuple],
                     carry_context: bool) -> tuple[bool, str]:
-    """Hand the C core the slot layout and the torch functions it may call."""
+    """Hand the C core the slot layout and the torch functions it may call.
+    A core already configured alike keeps every thread's record: a thread
+    inside a with-block over install() with other options keeps its values."""
+    global _core_config
     mode, hooks = _core_hooks(layout)
-    _core._configure(mode, defaults=defaults[0], factories=defaults[1],
-                     carry_context=carry_context, **hooks)
+    # A hook reloaded since (torch.compiler.is_compiling) is the same function again.
+    named = {k: (v.__module__, v.__qualname__) if isinstance(v, types.FunctionType) else v
+             for k, v in hooks.items()}
+    wanted = (mode, defaults[0], defaults[1], carry_context, named)
+    if _core_config != wanted or _core._mode() != mode:
+        _core._configure(mode, defaults=defaults[0], factories=defaults[1],
+                         carry_context=carry_context, **hooks)
+        _core_config = wanted
     return _workers(mode, hooks)
+
+
+def _extended(defaults: tuple[tuple, tuple]) -> None:
+    """The core's layout grew (rows applied on import)."""
+    global _core_config
+    if _core_config is not None:
+        mode, old_defaults, old_factories, carry, hooks = _core_config
+        _core_config = (mode, old_defaults + defaults[0], old_factories + defaults[1], carry, hooks)
+
+
+def _core_off() -> None:
+    global _core_config
+    _core._configure(_core.MODE_OFF)
+    _core_config = None
 
 
 def preview(**options: bool) -> dict:
@@ -330,9 +405,15 @@ def uninstall() -> None:
     """
     with _lock:
         _uninstall_locked()
+        _sweep_locked()
+        _sweep_later()
 
 
-def _uninstall_locked() -> None:
+def _uninstall_locked(core_off: bool = True) -> None:
+    """Revert every change.  The core keeps the threads' records while a frame
+    of rewritten code can still read them (its with-block goes on with its
+    thread's values; the sweep turns the core off after), and across an
+    install() with other options (whose slots are the same ones)."""
     global _installed
     if _installed is None:
         return
@@ -341,17 +422,60 @@ def _uninstall_locked() -> None:
         raise RuntimeError(f"fxguard.uninstall(): {busy} thread(s) are inside an FX trace; "
                            "uninstall after they finish")
     _watcher.stop()
-    originals.revert_all(_settle)
-    _core._configure(_core.MODE_OFF)
+    originals.revert_all(settle.live, settle.names_in_use, _stand_in)
     _installed = None
+    if core_off and not _kept():
+        _core_off()
 
 
-def _settle(codes: list) -> None:
-    """Let other threads leave the code a change retires before names go."""
-    busy = settle.settle(codes)
-    if busy:
-        log.warning("fxguard: thread(s) %s still ran torch code that was just replaced; "
-                    "they may read a name that is gone", ", ".join(sorted(set(busy))))
+def _stand_in(patch: originals.Patch) -> Any:
+    """What a name fxguard added stays bound to after uninstall() while a frame
+    of its code can still read it: a module's view stays (the core keeps that
+    thread's record until the sweep), a reader's namespace becomes the
+    function itself, stock again; anything else keeps working as it was."""
+    if isinstance(getattr(patch.value, "__self__", None), _core.Reader):
+        # A reader's namespace: the function itself, stock again, answers as stock.
+        for value in vars(patch.owner).values():
+            if isinstance(value, types.FunctionType) and codegen.namespace_name(value) == patch.attr:
+                return value
+    return patch.value
+
+
+def _sweep_locked() -> None:
+    originals.sweep(settle.names_in_use)
+    if _installed is None and not _kept():
+        _core_off()
+
+
+def _kept() -> bool:
+    """Names uninstall() left bound wait for frames (deferred deletions do not
+    need the core)."""
+    return any(not item.deletion for item in originals.held())
+
+
+_sweeper: threading.Thread | None = None
+
+
+def _sweep_later() -> None:
+    """While names wait for frames of retired code (a thread parked in a torch
+    function, a with-body's generator), a daemon thread finishes the job once
+    they moved on: it exits as soon as nothing waits."""
+    global _sweeper
+    if not originals.held() or (_sweeper is not None and _sweeper.is_alive()):
+        return
+
+    def sweep() -> None:
+        delay = 0.001
+        while True:
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+            with _lock:
+                _sweep_locked()
+                if not originals.held():
+                    return
+
+    _sweeper = threading.Thread(target=sweep, name="fxguard-sweep", daemon=True)
+    _sweeper.start()
 
 
 def is_installed() -> bool:
@@ -369,7 +493,7 @@ def status() -> dict:
         "fxguard": __version__,
         "torch": getattr(torch, "__version__", None),
         "python": sys.version.split()[0],
-        "mode": _MODES[_core._mode()],
+        "mode": _MODES[_core._mode()] if _installed is not None else _MODES[_core.MODE_OFF],
         "layout": None,
         "options": None,
         "patch_points": [],

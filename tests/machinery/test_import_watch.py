@@ -119,3 +119,20 @@ def test_a_failed_import_calls_nothing_back(package, tmp_path):
     finally:
         watcher.stop()
     assert calls == [] and not watcher.settled()
+
+
+def test_watcher_reports_a_reload_of_a_patched_module_after_it_ran(package):
+    """importlib.reload runs a module's source again over what was changed in
+    it: the watcher calls back after the module ran, for modules in patched."""
+    inner = importlib.import_module(f"{PACKAGE}.inner")
+    seen = []
+    watcher = import_watch.Watcher(PACKAGE, lambda: None,
+                                   lambda name: seen.append((name, list(package.RAN))))
+    watcher.patched = {f"{PACKAGE}.inner"}
+    watcher.start()
+    try:
+        importlib.reload(inner)
+        importlib.import_module(f"{PACKAGE}.wanted")  # a first import: not a reload
+    finally:
+        watcher.stop()
+    assert seen == [(f"{PACKAGE}.inner", ["inner", "inner"])]

@@ -3,7 +3,7 @@
 What a change is, and applying it:
 - ``changes``: what a change is, and what install() says about each row (Outcome, Row);
 - ``originals``: the one record of what was there before, so undo is exact;
-- ``settle``: wait until no other thread runs code a change is about to strand;
+- ``settle``: which frames (on stacks, or suspended generators) can still use a name a change removes;
 - ``codegen``: new code for a function that keeps its identity (the one code swap);
 - ``rewrite``: a function recompiled from its own source with chosen globals redirected;
 - ``code_cache``: rewrite's (and writers') results kept on disk, like .pyc files;

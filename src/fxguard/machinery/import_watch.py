@@ -97,9 +97,12 @@ class Watcher:
     ``settled()`` says whether such a module arrived and nothing executes now
     (for a caller that catches up on a ready() it could not serve at once)."""
 
-    def __init__(self, package: str, ready: Callable[[], None]) -> None:
+    def __init__(self, package: str, ready: Callable[[], None],
+                 reloaded: Callable[[str], None] | None = None) -> None:
         self.package = package
         self.ready = ready
+        self.reloaded = reloaded  # called after importlib.reload ran a module in ``patched``
+        self.patched: set[str] = set()
         self.wanted: set[str] = set()
         self._lock = threading.Lock()
         self._executing = 0      # modules of the package executing, every thread
@@ -126,14 +129,38 @@ class Watcher:
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
         if not _under(name, self.package) or getattr(self._local, "busy", False):
             return None
+        reload = name in sys.modules and name in self.patched
+        if not reload and not self.wanted:  # watching reloads only: no cost to other imports
+            return None
         self._local.busy = True
         try:
             spec = _find_after(self, name, path, target)
         finally:
             self._local.busy = False
         if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            self._watch(spec.loader, name)
+            if reload:  # importlib.reload: an import of a module in sys.modules
+                self._watch_reload(spec.loader, name)
+            else:
+                self._watch(spec.loader, name)
         return spec
+
+    def _watch_reload(self, loader: Any, name: str) -> None:
+        """reload() runs the module's source again into the same dict: stock
+        functions and globals come back over what was patched."""
+        exec_module = loader.exec_module
+
+        def watched(module: Any) -> None:
+            try:
+                exec_module(module)
+            finally:
+                vars(loader).pop("exec_module", None)
+            if self.reloaded is not None:
+                self.reloaded(name)
+
+        try:
+            loader.exec_module = watched
+        except AttributeError:
+            pass
 
     def _watch(self, loader: Any, name: str) -> None:
         """This import's loader (an instance per module) reports when its module ran."""

@@ -48,6 +48,12 @@ def apply(change: Change) -> Patch:
     """Make the change (MISSING deletes), saving what was there."""
     label, owner, attr, value = change
     original = _get(owner, attr)
+    for item in _held:  # a name uninstall kept bound: fxguard's, not the library's
+        if not item.deletion and item.change.owner is owner and item.change.attr == attr \
+                and original is item.change.value:
+            _held.remove(item)
+            original = MISSING
+            break
     version = None
     if attr == "__code__" and isinstance(owner, types.FunctionType):
         from .. import _core
@@ -59,6 +65,13 @@ def apply(change: Change) -> Patch:
 
 
 def revert(patch: Patch) -> None:
+    """Put back what was there.  A name fxguard added that something else has
+    replaced since, or a name it deleted that is back (importlib.reload ran the
+    module again), is left as it is now."""
+    now = _own(patch.owner, patch.attr)
+    if (patch.original is MISSING and now is not patch.value) or \
+            (patch.value is MISSING and now is not MISSING):
+        return
     if patch.original is not MISSING or patch.value is not MISSING:
         _put(patch.owner, patch.attr, patch.original)
         if patch.version is not None and patch.original is not MISSING:
@@ -67,6 +80,13 @@ def revert(patch: Patch) -> None:
 
 def _get(owner: object, attr: str) -> Any:
     return owner.get(attr, MISSING) if type(owner) is dict else getattr(owner, attr, MISSING)
+
+
+def _own(owner: object, attr: str) -> Any:
+    """What owner itself holds (a module's dict: never its PEP 562 __getattr__)."""
+    if isinstance(owner, types.ModuleType):
+        return vars(owner).get(attr, MISSING)
+    return _get(owner, attr)
 
 
 def _put(owner: object, attr: str, value: Any) -> None:
@@ -100,9 +120,27 @@ def _restore_version(fn: types.FunctionType, version: int, defaults: Any, kwdefa
         _core._restore_function_version(fn, version)
 
 
-def apply_all(changes: list[Change], settle: Callable[[list[types.CodeType]], None]) -> None:
-    """Apply every change: deletions last, after ``settle(old codes)`` has let
-    other threads leave the code the ``__code__`` changes retired."""
+Frames = Callable[[list[types.CodeType]], Any]  # settle.live: frames of retired code
+InUse = Callable[[Any, set[str]], set[str]]     # settle.names_in_use
+
+
+class Held(NamedTuple):
+    """A name a frame of retired code can still use, so not removed yet:
+    a deletion install() defers, or a name uninstall() keeps bound (to
+    ``value``, which behaves as stock)."""
+    change: Change      # the deletion to make, or (owner, attr, value) kept bound
+    frames: Any         # those frames (settle.Live)
+    deletion: bool
+
+
+_held: list[Held] = []
+
+
+def apply_all(changes: list[Change], frames: Frames | None = None,
+              in_use: InUse | None = None) -> None:
+    """Apply every change, deletions last.  A deletion of a name that a frame of
+    the code the ``__code__`` changes retired can still use waits in ``held``
+    (the name stays bound, as that frame expects) until ``sweep`` finds it free."""
     deletions = [c for c in changes if c.value is MISSING]
     retired = []
     for change in changes:
@@ -110,10 +148,16 @@ def apply_all(changes: list[Change], settle: Callable[[list[types.CodeType]], No
             patch = apply(change)
             if patch.attr == "__code__" and isinstance(patch.original, types.CodeType):
                 retired.append(patch.original)
-    if deletions:
+    busy: set[str] = set()
+    found = None
+    if deletions and frames is not None and in_use is not None:
         names = {change.attr for change in deletions}
-        settle([code for code in retired if _uses(code, names)])
-        for change in deletions:
+        found = frames([code for code in retired if _uses(code, names)])
+        busy = in_use(found, names)
+    for change in deletions:
+        if change.attr in busy:
+            _held.append(Held(change, found, True))
+        else:
             apply(change)
 
 
@@ -123,12 +167,15 @@ def _uses(code: types.CodeType, names: set[str]) -> bool:
         _uses(const, names) for const in code.co_consts if isinstance(const, types.CodeType))
 
 
-def revert_all(settle: Callable[[list[types.CodeType]], None] | None = None,
-               down_to: int = 0) -> None:
+def revert_all(frames: Frames | None = None, in_use: InUse | None = None,
+               stand_in: Callable[[Patch], Any] | None = None, down_to: int = 0) -> None:
     """Undo every patch (the newest ones, down to ``down_to`` left), newest
-    first; names that fxguard added go last, after ``settle(the codes it had
-    swapped in)``."""
+    first; names that fxguard added go last.  One that a frame of the code it had
+    swapped in can still use stays bound, to ``stand_in(patch)`` (an object that
+    behaves as stock), until ``sweep`` finds it free."""
     added, retired = [], []
+    if down_to == 0:
+        _held[:] = [h for h in _held if not h.deletion]  # deferred deletions: nothing to undo
     while len(_applied) > down_to:
         patch = _applied.pop()
         if patch.original is MISSING and patch.value is not MISSING:
@@ -137,11 +184,39 @@ def revert_all(settle: Callable[[list[types.CodeType]], None] | None = None,
         if patch.attr == "__code__" and isinstance(patch.value, types.CodeType):
             retired.append(patch.value)
         revert(patch)
-    if added and settle is not None:
+    busy: set[str] = set()
+    found = None
+    if added and frames is not None and in_use is not None:
         names = {patch.attr for patch in added}
-        settle([code for code in retired if _uses(code, names)])
+        found = frames([code for code in retired if _uses(code, names)])
+        busy = in_use(found, names)
     for patch in added:
-        revert(patch)
+        if patch.attr in busy and stand_in is not None:
+            value = stand_in(patch)
+            _put(patch.owner, patch.attr, value)
+            _held.append(Held(Change(patch.label, patch.owner, patch.attr, value), found, False))
+        else:
+            revert(patch)
+
+
+def held() -> tuple[Held, ...]:
+    return tuple(_held)
+
+
+def sweep(in_use: InUse) -> None:
+    """Finish what waited for frames that have since moved on: make the deferred
+    deletions (recorded, so uninstall restores them) and remove the names kept
+    bound (where they still hold what uninstall left)."""
+    for item in list(_held):
+        change = item.change
+        if in_use(item.frames, {change.attr}):
+            continue
+        _held.remove(item)
+        if item.deletion:
+            if _own(change.owner, change.attr) is not MISSING:
+                apply(change)
+        elif _own(change.owner, change.attr) is change.value:
+            _put(change.owner, change.attr, MISSING)
 
 
 def applied() -> tuple[Patch, ...]:

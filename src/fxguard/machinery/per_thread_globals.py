@@ -36,6 +36,7 @@ and a function's code again where they gained names).
 from __future__ import annotations
 
 import contextvars
+import gc
 import importlib
 import inspect
 import sys
@@ -124,8 +125,13 @@ READER_KINDS = {"value": _core.READ_VALUE, "symbolic": _core.READ_SYMBOLIC}
 READER = "fast reader"  # the rows of reader functions, as status() names them
 
 
+RELOADED: set[str] = set()  # modules importlib.reload ran again (import_watch)
+
+
 def functions_in(module: types.ModuleType) -> Iterator[types.FunctionType]:
-    """Every function a module defines: top level, in its classes, under wrappers."""
+    """Every function a module defines: top level, in its classes, under wrappers;
+    in a module that was reloaded, also the functions its earlier run defined
+    (other modules imported them by name, and they read the same globals)."""
     def own(value: Any) -> bool:
         return getattr(value, "__module__", None) == module.__name__
 
@@ -133,6 +139,9 @@ def functions_in(module: types.ModuleType) -> Iterator[types.FunctionType]:
         return own(fn) and fn.__code__.co_filename == getattr(module, "__file__", None)
 
     values = list(vars(module).values())
+    if module.__name__ in RELOADED:
+        values += [f for f in gc.get_referrers(vars(module)) if isinstance(f, types.FunctionType)
+                   and f.__globals__ is vars(module) and "<locals>" not in f.__qualname__]
     values += [v for cls in values if isinstance(cls, type) and own(cls) for v in vars(cls).values()]
     seen = set()
     for value in values:

@@ -212,3 +212,19 @@ def cuda_graphs_training():
         opt.zero_grad()
         losses.append(loss.detach().clone())
     return losses + [p.detach() for p in block.parameters()]
+
+
+@program()
+def verify_correctness_random():
+    """dynamo's verify_correctness runs the captured graph eagerly and then the
+    backend's, compares them, and sets the parameters and generators back
+    (checkpoint_params): the draws it made for checking are not the program's.
+    The graph draws a little noise that stays within the comparison's tolerance."""
+    import torch._dynamo.config as dynamo_config
+    linear = nn.Linear(8, 2)
+
+    def f(x):
+        return linear(x) + 1e-9 * torch.rand(2)
+    with dynamo_config.patch(verify_correctness=True):
+        compiled = torch.compile(f, backend="aot_eager")
+        return [compiled(torch.randn(5, 8)), compiled(torch.randn(5, 8))]

@@ -38,7 +38,7 @@ from torch._dynamo.utils import counters  # noqa: E402
 from programs import GPU, PROGRAMS, Unsupported  # noqa: E402
 
 ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
-PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\w.+~-]*/)+([\w.+-]+)")  # keep the last part only
+PATH = re.compile(r"(?<![\w:/.])/(?:[\w.+~-]+/)+([\w.+-]+)")  # a file's name only
 DURATION = re.compile(r"\d+(?:\.\d+)?(?= ?(?:s|ms|seconds)\b)")  # durations in messages
 
 
@@ -75,8 +75,16 @@ def next_draws() -> dict:
 
 
 def counted() -> dict:
-    return {group: {normal(k): v for k, v in sorted(c.items(), key=str)}
-            for group, c in sorted(counters.items()) if c}
+    """Dynamo's counters (frames, graphs, cache hits...), recompile reasons
+    and graph-break reasons."""
+    from torch._dynamo import utils
+    reasons = getattr(utils, "guard_failures", {})
+    breaks = getattr(utils, "graph_break_reasons", [])
+    return {"counters": {group: {normal(k): v for k, v in sorted(c.items(), key=str)}
+                         for group, c in sorted(counters.items()) if c},
+            "recompiles": sorted(f"{getattr(code, 'co_name', code)}: {normal(r)}"
+                                 for code, rs in reasons.items() for r in rs),
+            "graph_breaks": [normal(getattr(b, "reason", b)) for b in breaks]}
 
 
 def loggers() -> list:
@@ -118,7 +126,7 @@ def run(name: str) -> dict:
             for logger in listened:
                 logger.removeHandler(records)
     digest.update(next_draws())
-    digest["counters"] = counted()
+    digest.update(counted())
     digest["warnings"] = [f"{w.category.__name__}: {normal(w.message)} "
                           f"({os.path.basename(w.filename)}:{w.lineno})" for w in caught]
     digest["log"] = records.seen

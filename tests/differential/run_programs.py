@@ -3,7 +3,7 @@
     python run_programs.py OUT.json [PROGRAM ...]
 
 Idle daemon threads stay parked on an Event the whole time, as a user's
-logger or data loader threads would: one started before ``import torch``
+logger or data loader threads would: two started before ``import torch``
 (and so before FXGUARD=1 installs fxguard), one more after the first
 program's compile.  Each program starts from a seeded torch and ``random``
 and a reset dynamo; its digest holds what it computed, the next draws of
@@ -31,11 +31,11 @@ def park(name: str) -> None:
 park("idle-before-torch-1")
 park("idle-before-torch-2")
 
-import torch  # noqa: E402 - after the first idle thread, on purpose
+import torch  # noqa: E402 - after the first idle threads, on purpose
 import torch._dynamo  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402
 
-from programs import GPU, PROGRAMS, Unsupported  # noqa: E402
+from programs import GPU, PICKED_BY_TIMING, PROGRAMS, Unsupported  # noqa: E402
 
 ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
 PATH = re.compile(r"(?<![\w:/.])/(?:[\w.+~-]+/)+([\w.+-]+)")  # a file's name only
@@ -49,7 +49,7 @@ def normal(text: str) -> str:
 def tensor_bytes(t: torch.Tensor) -> bytes:
     t = t.detach().cpu().contiguous()
     head = f"{t.dtype}{tuple(t.shape)}".encode()
-    return head + t.reshape(-1).view(torch.uint8).numpy().tobytes()
+    return head + bytes(t.reshape(-1).view(torch.uint8).tolist())  # tiny: no numpy needed
 
 
 def outputs(results) -> dict:
@@ -74,14 +74,16 @@ def next_draws() -> dict:
     return draws
 
 
-def counted() -> dict:
-    """Dynamo's counters (frames, graphs, cache hits...), recompile reasons
-    and graph-break reasons."""
+def counted(picked_by_timing: tuple) -> dict:
+    """Dynamo's counters (frames, graphs, cache hits...; not those naming the
+    kernels autotuning picked), recompile reasons and graph-break reasons."""
     from torch._dynamo import utils
     reasons = getattr(utils, "guard_failures", {})
     breaks = getattr(utils, "graph_break_reasons", [])
-    return {"counters": {group: {normal(k): v for k, v in sorted(c.items(), key=str)}
-                         for group, c in sorted(counters.items()) if c},
+    kept = {group: {normal(k): v for k, v in sorted(c.items(), key=str)
+                    if not str(k).startswith(picked_by_timing)}
+            for group, c in sorted(counters.items())}
+    return {"counters": {group: c for group, c in kept.items() if c},
             "recompiles": sorted(f"{getattr(code, 'co_name', code)}: {normal(r)}"
                                  for code, rs in reasons.items() for r in rs),
             "graph_breaks": [normal(getattr(b, "reason", b)) for b in breaks]}
@@ -126,7 +128,7 @@ def run(name: str) -> dict:
             for logger in listened:
                 logger.removeHandler(records)
     digest.update(next_draws())
-    digest.update(counted())
+    digest.update(counted(PICKED_BY_TIMING[name]))
     digest["warnings"] = [f"{w.category.__name__}: {normal(w.message)} "
                           f"({os.path.basename(w.filename)}:{w.lineno})" for w in caught]
     digest["log"] = records.seen

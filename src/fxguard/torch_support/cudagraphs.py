@@ -226,6 +226,11 @@ class LiveManagers:
         with self._lock:
             return len(self._managers) > 0
 
+    def on_device(self, device_index: int) -> int:
+        """How many live managers record on that device (any thread's)."""
+        with self._lock:
+            return sum(getattr(m, "device_index", None) == device_index for m in self._managers)
+
 
 live_managers = LiveManagers()
 

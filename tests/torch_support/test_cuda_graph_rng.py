@@ -255,3 +255,14 @@ def test_the_output_code_says_whether_a_graph_draws():
     finally:
         cudagraph_rng.draws = original
     assert seen["draws"] == [False, True]
+
+
+def test_no_two_patched_rows_swap_one_function():
+    """A Swap's inner is the function as the per-thread globals leave it, not as
+    another row's swap does: two rows on one function, and the last one wins."""
+    from fxguard.machinery.wrapped import Wrapped
+    from fxguard.torch_support import rows as all_rows
+    patched = {r["what"] for r in fxguard.install()["patch_points"] if r["patched"]}
+    wheres = [swap.where for row in all_rows.ROWS if isinstance(row, Wrapped) and row.what in patched
+              for swap in row.swaps]
+    assert sorted({w for w in wheres if wheres.count(w) > 1}) == []

@@ -10,8 +10,9 @@ What torch shares (``CUDAGeneratorImpl``, ``CUDAGraph``; docs/cuda-graphs.md):
 - graphs replay with the seed and offset tensors of the state they registered:
   two threads' graphs that draw read one pair, and draw the same numbers
   (pytorch#176754, open up to 2.15);
-- ``torch.cuda.synchronize()`` while another thread captures on that device
-  fails ("operation not permitted when stream is capturing").
+- ``torch.cuda.synchronize()``, or loading a compiled kernel, while another
+  thread captures on that device fails ("operation not permitted when stream
+  is capturing").
 
 What the row does, for the trees' own captures (a tree manager's first empty
 graph, each recording): where other threads' trees live on the device, a
@@ -21,11 +22,13 @@ begun), so nothing of the process is marked capturing; a capture that draws
 records with the thread's own state in place for the whole capture (the first
 thread to record such a graph on a device keeps the default state, as alone),
 so each thread's replays draw a stream of their own and never meet another's
-capture.  ``torch.cuda.synchronize()`` waits for the device's recording.
+capture.  ``torch.cuda.synchronize()`` and a Triton kernel's first load take
+the device's capture lock.
 A single thread's captures run as stock.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import re
@@ -34,7 +37,7 @@ import types
 import weakref
 from typing import Any, Callable
 
-from .cudagraphs import MANAGER, OPTION, TREES, capture_locks, lane_getter, live_managers, stood_down
+from .cudagraphs import OPTION, TREES, capture_locks, lane_getter, live_managers, stood_down
 from ..machinery.changes import Outcome
 from ..machinery.wrapped import Swap, Wrapped, plain_function
 
@@ -151,17 +154,37 @@ class ThreadStreams:
         if not self.enabled:
             return _Plan(self, None, False)
         if model is None:      # a tree manager's first, empty graph
-            return _Plan(self, self._own_state(device) if _beside_others(device, 1) else None,
-                         whole=False)
+            if live_managers.on_device(device) >= 1:
+                self._warn_default_stream(device)
+            return _Plan(self, device if _beside_others(device, 1) else None, whole=False)
         if not draws(model):
             # Alone: as stock.  Beside others: nothing of the process marked capturing.
-            return _Plan(self, self._own_state(device) if _beside_others(device, 2) else None,
-                         whole=False)
+            return _Plan(self, device if _beside_others(device, 2) else None, whole=False)
         if live_managers.on_device(device) >= 2:   # other threads' graphs on the device
             self._warn_drawing(device)
         if self._keeps_default(device):
             return _Plan(self, None, False)
-        return _Plan(self, self._own_state(device), whole=True)
+        return _Plan(self, device, whole=True)
+
+    def manager_recording(self, device: int) -> "_Plan":
+        """A new tree manager's first, empty capture (its __init__, whose swap is
+        the capture-lock rows': cudagraphs.MANAGER_CAPTURE)."""
+        return self.recording(device, None)
+
+    def _warn_default_stream(self, device: int) -> None:
+        import torch
+        if "stream" in self._warned or \
+                torch.cuda.current_stream(device) != torch.cuda.default_stream(device):
+            return
+        self._warned.add("stream")
+        log.warning(
+            "fxguard: thread %r runs CUDA graphs on cuda:%d's default stream beside other "
+            "threads' CUDA graphs: threads on one stream share the caching allocator's free "
+            "blocks, so their backwards re-record every step. Give each such thread a stream "
+            "of its own around its whole loop: `with fxguard.torch_support.cuda_thread."
+            "cuda_graph_thread(device):` (a stream, backwards in turn) or `with "
+            "torch.cuda.stream(torch.cuda.Stream()):` (docs/cuda-graphs.md)",
+            threading.current_thread().name, device)
 
     def _warn_drawing(self, device: int) -> None:
         import torch
@@ -184,7 +207,7 @@ class ThreadStreams:
         """Before capture_begin: the generator state the capture registers."""
         stack = self._stack()
         plan = stack[-1] if stack else None
-        if plan is None or plan.state is None or plan.saved is not None:
+        if plan is None or plan.device is None or plan.saved is not None:
             return None
         plan.swap_in()
         return plan
@@ -206,19 +229,24 @@ def _beside_others(device: int, managers: int) -> bool:
 
 
 class _Plan:
-    """One recording: the state to register (None: the default, as stock), for
-    the whole capture or for its beginning only."""
+    """One recording on a device: whether the thread's own generator state
+    stands in for the default one (device None: no, as stock), for the whole
+    capture or for its beginning only.  The state is made as the capture begins."""
 
-    def __init__(self, streams: ThreadStreams, state: Any, whole: bool) -> None:
-        self.streams, self.state, self.whole = streams, state, whole
+    def __init__(self, streams: ThreadStreams, device: int | None, whole: bool) -> None:
+        self.streams, self.device, self.whole = streams, device, whole
         self.saved: Any = None
-        self.device = state.device.index if state is not None else None
+
+    @property
+    def state(self) -> Any:
+        return None if self.device is None else self.streams._own_state(self.device)
 
     def swap_in(self) -> None:
         import torch
         default = torch.cuda.default_generators[self.device]
+        own = self.state
         self.saved = default.graphsafe_get_state()
-        default.graphsafe_set_state(self.state)
+        default.graphsafe_set_state(own)
 
     def swap_out(self) -> None:
         import torch
@@ -233,7 +261,7 @@ class _Plan:
     def __exit__(self, kind: Any, error: Any, tb: Any) -> None:
         self.swap_out()   # a capture that failed before its end
         self.streams._stack().pop()
-        if self.state is not None and not self.whole and isinstance(error, RuntimeError) \
+        if self.device is not None and not self.whole and isinstance(error, RuntimeError) \
                 and "not in capture mode" in str(error):
             raise RuntimeError(
                 "fxguard: a CUDA graph that fxguard read as drawing no random numbers drew "
@@ -246,9 +274,8 @@ thread_streams = ThreadStreams(lane_getter)
 
 
 def recording_on(device: Any) -> Any:
-    """What torch.cuda.synchronize(device) holds: the device's capture lock."""
-    import contextlib
-
+    """What a device-wide call (torch.cuda.synchronize(device), a kernel load)
+    holds: the device's capture lock."""
     import torch
     if not thread_streams.enabled:
         return contextlib.nullcontext()
@@ -257,10 +284,6 @@ def recording_on(device: Any) -> Any:
 
 RECORD = """\
     with {ns}.streams.recording(self.device, model):
-        return {ns}.inner({call})
-"""
-MANAGER_INIT = """\
-    with {ns}.streams.recording(device_index, None):
         return {ns}.inner({call})
 """
 BEGIN = """\
@@ -277,10 +300,17 @@ END = """\
         {ns}.streams.ended()
 """
 SYNC = """\
-    with {ns}.recording_on(device):
+    with {ns}.waiting(device):
+        return {ns}.inner({call})
+"""
+LOAD = """\
+    if self.module is not None:
+        return {ns}.inner({call})
+    with {ns}.waiting(None):
         return {ns}.inner({call})
 """
 STREAMS = ("streams", lambda: thread_streams)
+KERNEL_LOAD = "triton.compiler.compiler.CompiledKernel._init_handles"
 
 
 def rng_needed(_facts: Any) -> tuple[Outcome, str] | None:
@@ -298,12 +328,18 @@ def rng_needed(_facts: Any) -> tuple[Outcome, str] | None:
 ROWS = (
     Wrapped("CUDA-graph random numbers per thread",
             (Swap(NODE_RECORD, RECORD, (STREAMS,), params=("self", "model")),
-             Swap(f"{MANAGER}.__init__", MANAGER_INIT, (STREAMS,), params=("device_index",)),
              Swap(CAPTURE_BEGIN, BEGIN, (STREAMS,)),
              Swap(CAPTURE_END, END, (STREAMS,))),
             rng_needed, option=OPTION),
     Wrapped("torch.cuda.synchronize() waits for the device's recording",
-            (Swap(SYNCHRONIZE, SYNC, (("recording_on", lambda: recording_on),),
+            (Swap(SYNCHRONIZE, SYNC, (("waiting", lambda: recording_on),),
                   params=("device",)),),
+            lambda _facts: None, option=OPTION),
+    # Loading a compiled kernel's module (cuModuleLoadData) while a stream of the
+    # device captures fails "operation not permitted when stream is capturing":
+    # a fresh kernel's load takes the device's capture lock.
+    Wrapped("Triton kernel loads wait for the device's recording",
+            (Swap(KERNEL_LOAD, LOAD, (("waiting", lambda: recording_on),),
+                  params=("self",)),),
             lambda _facts: None, option=OPTION),
 )

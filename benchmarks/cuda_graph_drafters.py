@@ -28,6 +28,11 @@ peak (the parent polls the device; CUDA contexts included).
     python benchmarks/cuda_graph_drafters.py [--modes ...] [--seconds 20] [--json out.json] [--save]
         [--resume part.json]
 
+The user's variants (``threads-fast-api``, ``-default-generator``, ``-dropout``,
+``-default-stream``, ``-no-turns``: ``VARIANTS``) run the fast step as users write
+it, with fxguard's ``cuda_graph_thread()`` in place of the hand-written stream and
+turns, each with its errors counted.
+
 ``--resume`` starts from a report an earlier run wrote (same torch, same
 settings) and runs only the modes it lacks: the modes can be split over
 several calls of a machine lent for minutes at a time.
@@ -57,10 +62,23 @@ import _harness
 # The option the fast step needs, named so the report says so; the plain modes take it
 # too, so both sides run under the same rows.
 FXGUARD_OPTIONS = {"cuda_graphs_per_thread": True}
+# The step as users write it, three fast threads under fxguard (errors counted):
+# "api", the loop inside fxguard's cuda_graph_thread() (a stream of its own,
+# backwards in turn) instead of the hand-written stream and Turns; the others
+# change one thing each: the batch from the default CUDA generator, dropout in the
+# graphed model, the default stream with no turns and a device sync each step
+# (what a user who knows none of it writes), no turns.
+VARIANTS = {
+    "threads-fast-api": {},
+    "threads-fast-default-generator": {"default_generator": True},
+    "threads-fast-dropout": {"dropout": 0.1},
+    "threads-fast-default-stream": {"api": False, "sync": True},
+    "threads-fast-no-turns": {"turns": False},
+}
 MODES = ("threads-fast", "threads-plain", "one-plain", "one-fast", "processes-fast", "threads-fast-stock",
-         "one-fast-stock")
+         "one-fast-stock", *VARIANTS)
 ONE_THREAD = ("one-plain", "one-fast", "one-fast-stock")
-WITH_FXGUARD = ("threads-fast", "threads-plain", "one-plain", "one-fast")
+WITH_FXGUARD = ("threads-fast", "threads-plain", "one-plain", "one-fast", *VARIANTS)
 # Where a step's time goes, per drafter: wall and thread CPU of each phase.  CPU counts
 # CUDA's spin in the step's sync (.item), and not time spent waiting for the GIL.
 PHASES = ("mask", "forward", "backward", "optimizer", "zero_grad", "item")
@@ -100,7 +118,7 @@ def fast_mask() -> str:
             "compiled once" if "mask" in FAST_PIECES else "eager")
 
 
-def build(torch, seed: int, device: str):
+def build(torch, seed: int, device: str, dropout: float = 0.0):
     from torch import nn
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
@@ -110,6 +128,7 @@ def build(torch, seed: int, device: str):
             self.norm1, self.norm2 = nn.RMSNorm(HIDDEN), nn.RMSNorm(HIDDEN)
             self.qkv, self.out = nn.Linear(HIDDEN, 3 * HIDDEN), nn.Linear(HIDDEN, HIDDEN)
             self.mlp = nn.Sequential(nn.Linear(HIDDEN, 4 * HIDDEN), nn.GELU(), nn.Linear(4 * HIDDEN, HIDDEN))
+            self.drop = nn.Dropout(dropout) if dropout else nn.Identity()
 
         def forward(self, x, block_mask):
             b, s, _ = x.shape
@@ -117,7 +136,7 @@ def build(torch, seed: int, device: str):
             if device == "cpu":  # flex_attention has no backward on the CPU
                 q, k, v = q.detach(), k.detach(), v.detach()
             a = flex_attention(q, k, v, block_mask=block_mask)
-            x = x + self.out(a.transpose(1, 2).reshape(b, s, HIDDEN))
+            x = x + self.drop(self.out(a.transpose(1, 2).reshape(b, s, HIDDEN)))
             return x + self.mlp(self.norm2(x))
 
     class Drafter(nn.Module):
@@ -167,9 +186,10 @@ class Turns:
 class Drafters:
     """n drafters stepping in threads of this process; counts per drafter."""
 
-    def __init__(self, n: int, fast: bool, device: str) -> None:
+    def __init__(self, n: int, fast: bool, device: str, variant: dict | None = None) -> None:
         import torch
         self.torch, self.n, self.fast, self.device = torch, n, fast, device
+        self.variant = variant
         self.steps, self.cpu = [0] * n, [0.0] * n
         self.phases = [[[0.0, 0.0] for _ in PHASES] for _ in range(n)]  # [wall, cpu] per phase
         self.all_lengths: dict[int, float] = {}
@@ -177,7 +197,7 @@ class Drafters:
         self.first_error = ""  # its traceback: an error kind alone rarely says where
         self.stop = threading.Event()
         self.start = time.perf_counter()
-        self.backward_turns = Turns() if FAIR_BACKWARD else contextlib.nullcontext()
+        self.backward_turns = Turns() if FAIR_BACKWARD and variant is None else contextlib.nullcontext()
 
     def run(self, i: int) -> None:
         """Drafter i's steps, on a CUDA stream of its own (DRAFTER_STREAMS=0: the
@@ -189,14 +209,25 @@ class Drafters:
         if self.device == "cuda":
             torch.cuda.set_device(0)
         own = self.device == "cuda" and OWN_STREAMS
+        if self.variant is not None:  # as users write it: fxguard's block, or nothing
+            with self._user_block():
+                self._steps(i)
+            return
         with torch.cuda.stream(torch.cuda.Stream()) if own else contextlib.nullcontext(), \
                 torch.autograd.set_multithreading_enabled(False) if BACKWARD_HERE else contextlib.nullcontext():
             self._steps(i)
 
+    def _user_block(self):
+        if not self.variant.get("api", True) or self.device != "cuda":
+            return contextlib.nullcontext()
+        from fxguard.torch_support.cuda_thread import cuda_graph_thread
+        return cuda_graph_thread(0, turns=self.variant.get("turns", True))
+
     def _steps(self, i: int) -> None:
         torch = self.torch
         from torch.nn.attention.flex_attention import create_block_mask
-        model = build(torch, seed=i, device=self.device)
+        variant = self.variant or {}
+        model = build(torch, seed=i, device=self.device, dropout=variant.get("dropout", 0.0))
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         fast = FAST_PIECES if self.fast else ()
         forward = torch.compile(model, dynamic=False,
@@ -208,7 +239,8 @@ class Drafters:
         # Each drafter's data from a generator of its own (as a drafter's own stream),
         # clear of torch <= 2.11's default CUDA generator, which a recording in another
         # thread marks as capturing (docs/cuda-graphs.md: not measured yet).
-        data = torch.Generator(device=self.device).manual_seed(1000 + i)
+        data = None if variant.get("default_generator") else \
+            torch.Generator(device=self.device).manual_seed(1000 + i)
         seen, n = set(), 0
         while not self.stop.is_set():
             length = LENGTHS[n % len(LENGTHS)]
@@ -231,6 +263,8 @@ class Drafters:
                 opt.zero_grad(set_to_none=True)
                 clock.tick(4)
                 loss.item()  # the step's end (a drafter reads its loss)
+                if variant.get("sync"):
+                    torch.cuda.synchronize()
                 clock.tick(5)
             except Exception as e:  # counted, the drafter goes on
                 self.errors.append(_harness.error_kind(e))
@@ -324,7 +358,7 @@ def child(mode: str, threads: int, seconds: float, out: str, ready_dir: str | No
         import _cuda_graph_probe
         prober = _cuda_graph_probe.Probe()
     config_events = _watch_cudagraphs_config(torch) if os.environ.get("DRAFTER_WATCH_CONFIG") == "1" else None
-    drafters = Drafters(threads, fast="fast" in mode, device=device)
+    drafters = Drafters(threads, fast="fast" in mode, device=device, variant=VARIANTS.get(mode))
     workers = [threading.Thread(target=drafters.run, args=(i,), daemon=True, name=f"drafter-{i}")
                for i in range(threads)]
     for t in workers:
@@ -475,7 +509,10 @@ def ratios(modes: dict) -> dict:
                          ("fast_threads_vs_processes", "threads-fast", "processes-fast", rate),
                          ("fast_threads_vs_one_fast", "threads-fast", "one-fast", rate),
                          ("one_fast_vs_stock", "one-fast", "one-fast-stock", rate),
-                         ("gpu_memory_threads_vs_processes", "threads-fast", "processes-fast", mem)):
+                         ("gpu_memory_threads_vs_processes", "threads-fast", "processes-fast", mem),
+                         ("api_threads_vs_processes", "threads-fast-api", "processes-fast", rate),
+                         ("api_threads_vs_recipe", "threads-fast-api", "threads-fast", rate),
+                         ("no_turns_vs_processes", "threads-fast-no-turns", "processes-fast", rate)):
         if f(a) and f(b):
             out[key] = round(f(a) / f(b), 3)
     return out

@@ -19,7 +19,8 @@ from typing import Any, Callable
 from ..machinery import originals
 from ..machinery.changes import Change, Context, Outcome, Planned
 from ..machinery.wrapped import Swap, Wrapped
-from .cudagraphs import MANAGER, OPTION, TREES, CaptureLocks, capture_locks, sets_attribute, stood_down
+from .cudagraphs import (MANAGER, MANAGER_CAPTURE, OPTION, TREES, CaptureLocks, capture_locks,
+                         sets_attribute, stood_down)
 
 CAPTURE_LOCK = f"{TREES}.graph_capture_lock"
 # Where torch takes it (qualified names in cudagraph_trees); anywhere else: stand down.
@@ -71,7 +72,8 @@ device_capture_lock = DeviceCaptureLock(capture_locks)
 ON_DEVICE_INIT = """\
     {ns}.capture_lock.enter_device(device_index)
     try:
-        return {ns}.inner({call})
+        with {ns}.manager_capture(device_index):
+            return {ns}.inner({call})
     finally:
         {ns}.capture_lock.leave_device()
 """
@@ -144,8 +146,8 @@ class WrappedAndReplaced(Wrapped):
 
 ROW = WrappedAndReplaced(
     "CUDA-graph capture lock per device",
-    (Swap(f"{MANAGER}.__init__", ON_DEVICE_INIT, (("capture_lock", lambda: device_capture_lock),),
-          params=("device_index",)),
+    (Swap(f"{MANAGER}.__init__", ON_DEVICE_INIT, (("capture_lock", lambda: device_capture_lock),
+                                                  MANAGER_CAPTURE), params=("device_index",)),
      Swap(f"{MANAGER}._run", ON_DEVICE_METHOD, (("capture_lock", lambda: device_capture_lock),),
           params=("self",))),
     needed, option=OPTION, replaces=CAPTURE_LOCK, replacement=lambda: device_capture_lock)

@@ -226,6 +226,11 @@ class LiveManagers:
         with self._lock:
             return len(self._managers) > 0
 
+    def on_device(self, device_index: int) -> int:
+        """How many live managers record on that device (any thread's)."""
+        with self._lock:
+            return sum(getattr(m, "device_index", None) == device_index for m in self._managers)
+
 
 live_managers = LiveManagers()
 
@@ -250,6 +255,14 @@ def _dynamo() -> Any:
     return torch.compiler.is_dynamo_compiling
 
 
+def _manager_capture() -> Callable[[int], Any]:
+    """The plan of a new tree manager's first (empty) capture: row 'CUDA-graph
+    random numbers per thread' (one function, one swap: it rides on this one)."""
+    from .cudagraph_rng import thread_streams
+    return thread_streams.manager_recording
+
+
+MANAGER_CAPTURE = ("manager_capture", _manager_capture)
 LANE = ("lane", lane_getter)
 DYNAMO = ("is_dynamo_compiling", _dynamo)
 
@@ -261,7 +274,7 @@ GET_OBJ = """\
     return {ns}.inner({call}) if found is None else found
 """
 CAPTURE_INIT = """\
-    with {ns}.capture_lock(device_index):
+    with {ns}.capture_lock(device_index), {ns}.manager_capture(device_index):
         return {ns}.inner({call})
 """
 CAPTURE_METHOD = """\
@@ -394,8 +407,8 @@ ROWS = (
     Wrapped("CUDA-graph trees per thread",
             (Swap(f"{TREES}.get_obj", GET_OBJ, (("state", tree_state_getter),),
                   params=("attr_name",)),
-             Swap(f"{MANAGER}.__init__", CAPTURE_INIT, (("capture_lock", lambda: capture_locks),),
-                  params=("device_index",)),
+             Swap(f"{MANAGER}.__init__", CAPTURE_INIT, (("capture_lock", lambda: capture_locks),
+                                                        MANAGER_CAPTURE), params=("device_index",)),
              Swap(f"{MANAGER}.run_eager", CAPTURE_METHOD,
                   (("capture_lock", lambda: capture_locks),), params=("self",)),
              Swap(f"{MANAGER}.record_function", CAPTURE_METHOD,

@@ -9,7 +9,9 @@
   window, the thread's config), identity kept (codegen.swap_code).
 - ``CONFIG_DEFAULTS``: torch config defaults changed for every thread.
 - ``cudagraphs.ROWS``: CUDA-graph trees (``reduce-overhead``) per thread;
-  ``cudagraph_capture_lock.ROW``: torch 2.13+'s capture lock per device.
+  ``cudagraph_capture_lock.ROW``: torch 2.13+'s capture lock per device;
+  ``cudagraph_rng.ROWS``: CUDA-graph random numbers per thread, syncs wait for recordings;
+  ``cuda_thread.ROWS``: backwards in turn in ``cuda_graph_thread()`` blocks.
 - ``COMPILE_ONCE``: threads that miss dynamo's cache together share one
   compile (compile_once.py, a mechanism rather than a table).
 - ``CONCURRENT``: what option ``concurrent_compiles`` (off by default) does:
@@ -42,6 +44,8 @@ from ..machinery.per_thread_patching import ClassState, Patching
 from ..machinery.shared_window import SharedWindow
 from ..machinery.wrapped import Swap, Wrapped
 from . import cudagraph_capture_lock as _capture_lock
+from . import cudagraph_rng as _cudagraph_rng
+from . import cuda_thread as _cuda_thread
 from . import compile_options as _compile_options
 from . import cudagraphs as _cudagraphs
 from . import rng as _rng
@@ -572,6 +576,6 @@ EXACT_COUNTERS = (ExactCounters("torch._dynamo.utils.counters", option=CONCURREN
 # Per-thread globals first: what the other rows wrap is their code as those leave it.
 # The compile lock last: once it opens, compiles overlap.
 ROWS = (PER_THREAD + CONCURRENT_PER_THREAD + PATCHING + CLASS_STATE + WRAPPED + CONFIG_DEFAULTS
-        + THREADS + _cudagraphs.ROWS + (_capture_lock.ROW, COMPILE_ONCE, DeviceGuardUpFront(), ClassAttrs(CLASS_ATTRS, option=CONCURRENT))
+        + THREADS + _cudagraphs.ROWS + (_capture_lock.ROW,) + _cudagraph_rng.ROWS + _cuda_thread.ROWS + (COMPILE_ONCE, DeviceGuardUpFront(), ClassAttrs(CLASS_ATTRS, option=CONCURRENT))
         + INSTANCE_ATTRS + (Onces(ONCE, option=CONCURRENT),) + ID_LOCKS + SHARED_WINDOWS
         + EXACT_COUNTERS + (COMPILE_LOCK,))

@@ -1,0 +1,143 @@
+"""``cuda_graph_thread()``: what a thread that trains under CUDA graphs beside
+others on one GPU needs, as one context manager (docs/cuda-graphs.md).
+
+- **A CUDA stream of its own** for the whole block: threads on one stream share
+  the caching allocator's free blocks, so a step's fresh tensors move between
+  steps and every backward re-records; the stream starts after the work the
+  thread queued before, and the thread's stream after the block waits for it.
+- **Backwards in turn per device, first come first served** (``turns=True``):
+  a GPU's backwards run on its one autograd worker, whose queue takes the
+  node with the highest sequence number first (sequence numbers count per
+  thread), so the thread that made the most nodes goes first and stays ahead.
+  A ticket per device around the engine's run keeps the worker's queue to one
+  backward, taken in the order the threads asked.
+
+Threads outside the block, and programs that never use it, run as stock.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Iterator
+
+from ..machinery.changes import Outcome
+from ..machinery.wrapped import Swap, Wrapped, plain_function
+
+
+class Turns:
+    """First come, first served (threading.Lock promises no order among waiters)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._next = self._serving = 0
+        self._holder: int | None = None
+        self._depth = 0   # a backward inside the holder's own (torch.autograd.grad in a hook)
+
+    def __enter__(self) -> None:
+        me = threading.get_ident()
+        with self._cond:
+            if self._holder == me:
+                self._depth += 1
+                return
+            ticket, self._next = self._next, self._next + 1
+            self._cond.wait_for(lambda: self._serving == ticket)
+            self._holder, self._depth = me, 1
+
+    def __exit__(self, *exc: Any) -> None:
+        with self._cond:
+            self._depth -= 1
+            if self._depth == 0:
+                self._holder = None
+                self._serving += 1
+                self._cond.notify_all()
+
+    def waiting(self) -> int:
+        """Threads holding a ticket, the one served included."""
+        with self._cond:
+            return self._next - self._serving
+
+
+class DeviceTurns:
+    """One Turns per device, made on first use; which device a thread's
+    backwards take turns on (None: not in a cuda_graph_thread block)."""
+
+    def __init__(self) -> None:
+        self._turns: dict[int, Turns] = {}
+        self._made = threading.Lock()
+        self._thread = threading.local()
+
+    def __call__(self, device: int) -> Turns:
+        turns = self._turns.get(device)
+        if turns is None:
+            with self._made:
+                turns = self._turns.setdefault(device, Turns())
+        return turns
+
+    @contextlib.contextmanager
+    def taking(self, device: int | None) -> Iterator[None]:
+        stack = getattr(self._thread, "devices", None)
+        if stack is None:
+            stack = self._thread.devices = []
+        stack.append(device)
+        try:
+            yield
+        finally:
+            stack.pop()
+
+    def held(self) -> Any:
+        """What a backward holds in this thread: its device's turn, or nothing."""
+        stack = getattr(self._thread, "devices", None)
+        device = stack[-1] if stack else None
+        return self(device) if device is not None else contextlib.nullcontext()
+
+
+device_turns = DeviceTurns()
+
+
+@contextlib.contextmanager
+def cuda_graph_thread(device: Any = None, *, turns: bool = True) -> Iterator[Any]:
+    """Run the block on ``device`` (the current one where None) with a CUDA stream
+    of its own, its backwards started in turn with the device's other such
+    threads (``turns=True``).  Yields the stream.  Wrap a drafter thread's whole
+    loop, model and optimizer set-up included::
+
+        def drafter(device):
+            with cuda_graph_thread(device):
+                train(device)
+
+    Backwards in turn need fxguard installed (option cuda_graphs_per_thread);
+    without it the block gives the stream only."""
+    import torch
+    index = torch.cuda._utils._get_device_index(device, optional=True)
+    with torch.cuda.device(index):
+        before = torch.cuda.current_stream(index)
+        stream = torch.cuda.Stream(index)
+        stream.wait_stream(before)
+        try:
+            with torch.cuda.stream(stream), device_turns.taking(index if turns else None):
+                yield stream
+        finally:
+            before.wait_stream(stream)
+
+
+# torch.autograd.backward (Tensor.backward's): the engine's run is row "record before
+# backward"'s, and one function takes one swap.
+BACKWARD = "torch.autograd.backward"
+IN_TURN = """\
+    with {ns}.turns.held():
+        return {ns}.inner({call})
+"""
+
+
+def turns_needed(_facts: Any) -> tuple[Outcome, str] | None:
+    if plain_function(BACKWARD) is None:
+        return Outcome.NOT_AVAILABLE, "on this torch"
+    return None
+
+
+ROWS = (
+    Wrapped("backwards in turn in cuda_graph_thread()",
+            (Swap(BACKWARD, IN_TURN,
+                  (("turns", lambda: device_turns),)),),
+            turns_needed, option="cuda_graphs_per_thread"),
+)

@@ -1,0 +1,345 @@
+"""Random numbers and device syncs of CUDA-graph trees in threads.
+
+What torch shares (``CUDAGeneratorImpl``, ``CUDAGraph``; docs/cuda-graphs.md):
+
+- every capture registers the device's default CUDA generator's *state*, and
+  torch <= 2.11 marks that state capturing for the process while the capture
+  runs: another thread's draw from it (``torch.randint(..., device="cuda")``,
+  eager dropout) or replay of a graph that draws fails with "Offset increment
+  outside graph capture encountered unexpectedly";
+- graphs replay with the seed and offset tensors of the state they registered:
+  two threads' graphs that draw read one pair, and draw the same numbers
+  (pytorch#176754, open up to 2.15);
+- ``torch.cuda.synchronize()``, or loading a compiled kernel, while another
+  thread captures on that device fails ("operation not permitted when stream
+  is capturing").
+
+What the row does, for the trees' own captures (a tree manager's first empty
+graph, each recording): where other threads' trees live on the device, a
+capture that draws nothing registers a state of the thread's own in place of
+the default one (the default state is swapped back as soon as the capture has
+begun), so nothing of the process is marked capturing; a capture that draws
+records with the thread's own state in place for the whole capture (the first
+thread to record such a graph on a device keeps the default state, as alone),
+so each thread's replays draw a stream of their own and never meet another's
+capture.  ``torch.cuda.synchronize()`` and a Triton kernel's first load take
+the device's capture lock.
+A single thread's captures run as stock.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import re
+import threading
+import types
+import weakref
+from typing import Any, Callable
+
+from .cudagraphs import OPTION, TREES, capture_locks, lane_getter, live_managers, stood_down
+from ..machinery.changes import Outcome
+from ..machinery.wrapped import Swap, Wrapped, plain_function
+
+log = logging.getLogger("fxguard")
+
+NODE_RECORD = f"{TREES}.CUDAGraphNode._record"
+CAPTURE_BEGIN = "torch.cuda.graphs.CUDAGraph.capture_begin"
+CAPTURE_END = "torch.cuda.graphs.CUDAGraph.capture_end"
+SYNCHRONIZE = "torch.cuda.synchronize"
+
+# Names in inductor's output code that draw from a generator (its seeds come from
+# aten.randint; fallback_random keeps aten's own ops; attention kernels take a
+# dropout argument by position).  Code fxguard cannot read draws.
+DRAWS = re.compile(r"rand|bernoulli|dropout|normal|uniform|multinomial|exponential|cauchy"
+                   r"|geometric|seed|philox|attention")
+
+
+OUTPUT_CODE = re.compile(r"call|partition_\d+")  # a graph partition's own function (2.9+)
+
+
+def _output_code(fn: Any, seen: set[int] | None = None) -> str | None:
+    """The source of inductor's ``call`` (or partition) in ``fn`` or what it wraps, following
+    closures, ``__wrapped__`` and ``func``: its extern calls, the names of the
+    kernels it launches and the source nodes of each."""
+    seen = set() if seen is None else seen
+    if id(fn) in seen or len(seen) > 64:
+        return None
+    seen.add(id(fn))
+    fn = getattr(fn, "__func__", fn)
+    if isinstance(fn, types.FunctionType):
+        if OUTPUT_CODE.fullmatch(fn.__name__) and fn.__code__.co_filename.endswith(".py"):
+            try:
+                return inspect.getsource(fn)  # the module's harness imports random
+            except (OSError, TypeError):
+                return None
+        inner = [c.cell_contents for c in fn.__closure__ or () if _filled(c)]
+    else:
+        inner = []
+    inner += [getattr(fn, a) for a in ("__wrapped__", "func", "current_callable") if hasattr(fn, a)]
+    for candidate in inner:
+        if callable(candidate):
+            text = _output_code(candidate, seen)
+            if text is not None:
+                return text
+    return None
+
+
+def _filled(cell: types.CellType) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
+
+
+def draws(model: Any) -> bool:
+    """Whether a graphed callable may draw random numbers (True where unsure)."""
+    text = _output_code(model)
+    return text is None or DRAWS.search(text) is not None
+
+
+class ThreadStreams:
+    """Each thread's (lane's) generator state per device, and who records now."""
+
+    def __init__(self, lane_maker: Callable[[], Callable[[], Any]]) -> None:
+        self._lane_maker, self._lane_fn = lane_maker, None
+        self._own: weakref.WeakKeyDictionary[Any, dict[int, Any]] = weakref.WeakKeyDictionary()
+        self._owner: dict[int, Any] = {}   # device: weakref to the lane that keeps the default
+        self._made = threading.Lock()
+        self._plan = threading.local()     # .stack: (generator to swap in, for the whole capture)
+        self._warned: set[str] = set()
+        self.enabled = True   # False: captures and syncs as stock (tests see the races)
+
+    def _lane(self) -> Any:
+        if self._lane_fn is None:
+            self._lane_fn = self._lane_maker()
+        return self._lane_fn()
+
+    # -- whose state ---------------------------------------------------------------
+    def _own_state(self, device: int) -> Any:
+        import torch
+        lane = self._lane()
+        with self._made:
+            states = self._own.setdefault(lane, {})
+            gen = states.get(device)
+            if gen is None:
+                default = torch.cuda.default_generators[device]
+                gen = default.clone_state()
+                # A stream of its own: the process's seed, moved by the thread's ordinal.
+                ordinal = 1 + sum(device in s for s in self._own.values())
+                gen.manual_seed((default.initial_seed() + 0x9E3779B97F4A7C15 * ordinal)
+                                % (1 << 63))
+                states[device] = gen
+        return gen
+
+    def _keeps_default(self, device: int) -> bool:
+        lane = self._lane()
+        with self._made:
+            owner = self._owner.get(device)
+            if owner is None or owner() is None:
+                self._owner[device] = weakref.ref(lane)
+                return True
+            return owner() is lane
+
+    # -- the plan of a capture ------------------------------------------------------
+    def _stack(self) -> list:
+        stack = getattr(self._plan, "stack", None)
+        if stack is None:
+            stack = self._plan.stack = []
+        return stack
+
+    def recording(self, device: int, model: Any) -> "_Plan":
+        """A node's recording of ``model`` on ``device`` (trees' _record)."""
+        if not self.enabled:
+            return _Plan(self, None, False)
+        if model is None:      # a tree manager's first, empty graph
+            if live_managers.on_device(device) >= 1:
+                self._warn_default_stream(device)
+            return _Plan(self, device if _beside_others(device, 1) else None, whole=False)
+        if not draws(model):
+            # Alone: as stock.  Beside others: nothing of the process marked capturing.
+            return _Plan(self, device if _beside_others(device, 2) else None, whole=False)
+        if live_managers.on_device(device) >= 2:   # other threads' graphs on the device
+            self._warn_drawing(device)
+        if self._keeps_default(device):
+            return _Plan(self, None, False)
+        return _Plan(self, device, whole=True)
+
+    def manager_recording(self, device: int) -> "_Plan":
+        """A new tree manager's first, empty capture (its __init__, whose swap is
+        the capture-lock rows': cudagraphs.MANAGER_CAPTURE)."""
+        return self.recording(device, None)
+
+    def _warn_default_stream(self, device: int) -> None:
+        import torch
+        if "stream" in self._warned or \
+                torch.cuda.current_stream(device) != torch.cuda.default_stream(device):
+            return
+        self._warned.add("stream")
+        log.warning(
+            "fxguard: thread %r runs CUDA graphs on cuda:%d's default stream beside other "
+            "threads' CUDA graphs: threads on one stream share the caching allocator's free "
+            "blocks, so their backwards re-record every step. Give each such thread a stream "
+            "of its own around its whole loop: `with fxguard.torch_support.cuda_thread."
+            "cuda_graph_thread(device):` (a stream, backwards in turn) or `with "
+            "torch.cuda.stream(torch.cuda.Stream()):` (docs/cuda-graphs.md)",
+            threading.current_thread().name, device)
+
+    def _warn_drawing(self, device: int) -> None:
+        import torch
+        if torch.__version__ >= (2, 12) or "drawing" in self._warned:
+            return  # 2.12+ keeps the capturing mark per capture
+        self._warned.add("drawing")
+        log.warning(
+            "fxguard: thread %r records a CUDA graph that draws random numbers on cuda:%d "
+            "while other threads run CUDA graphs there; until it ends, torch %s marks the "
+            "generator it records with as capturing for the process, and a draw from the "
+            "default CUDA generator in another thread (torch.randint/randn(..., device='cuda') "
+            "without generator=, eager dropout) fails with 'Offset increment outside graph "
+            "capture encountered unexpectedly'. Draw eager random numbers from a generator of "
+            "the thread's own (torch.Generator(device='cuda')); graphs that draw are safe "
+            "(docs/cuda-graphs.md)", threading.current_thread().name, device,
+            torch.__version__)
+
+    # -- the capture (CUDAGraph.capture_begin / capture_end) -------------------------
+    def begin(self) -> Any:
+        """Before capture_begin: the generator state the capture registers."""
+        stack = self._stack()
+        plan = stack[-1] if stack else None
+        if plan is None or plan.device is None or plan.saved is not None:
+            return None
+        plan.swap_in()
+        return plan
+
+    def begun(self, plan: Any) -> None:
+        if plan is not None and not plan.whole:
+            plan.swap_out()
+
+    def ended(self) -> None:
+        stack = self._stack()
+        if stack and stack[-1] is not None:
+            stack[-1].swap_out()
+
+
+def _beside_others(device: int, managers: int) -> bool:
+    """Whether other threads may use the device: more live tree managers there
+    than ``managers`` - 1, or other Python threads at all."""
+    return live_managers.on_device(device) >= managers or threading.active_count() > 1
+
+
+class _Plan:
+    """One recording on a device: whether the thread's own generator state
+    stands in for the default one (device None: no, as stock), for the whole
+    capture or for its beginning only.  The state is made as the capture begins."""
+
+    def __init__(self, streams: ThreadStreams, device: int | None, whole: bool) -> None:
+        self.streams, self.device, self.whole = streams, device, whole
+        self.saved: Any = None
+
+    @property
+    def state(self) -> Any:
+        return None if self.device is None else self.streams._own_state(self.device)
+
+    def swap_in(self) -> None:
+        import torch
+        default = torch.cuda.default_generators[self.device]
+        own = self.state
+        self.saved = default.graphsafe_get_state()
+        default.graphsafe_set_state(own)
+
+    def swap_out(self) -> None:
+        import torch
+        if self.saved is not None:
+            torch.cuda.default_generators[self.device].graphsafe_set_state(self.saved)
+            self.saved = None
+
+    def __enter__(self) -> "_Plan":
+        self.streams._stack().append(self)
+        return self
+
+    def __exit__(self, kind: Any, error: Any, tb: Any) -> None:
+        self.swap_out()   # a capture that failed before its end
+        self.streams._stack().pop()
+        if self.device is not None and not self.whole and isinstance(error, RuntimeError) \
+                and "not in capture mode" in str(error):
+            raise RuntimeError(
+                "fxguard: a CUDA graph that fxguard read as drawing no random numbers drew "
+                "from the default CUDA generator while it recorded (an op whose name does not "
+                "say it draws); please report it. install(cuda_graphs_per_thread=False) "
+                "records as stock") from error
+
+
+thread_streams = ThreadStreams(lane_getter)
+
+
+def recording_on(device: Any) -> Any:
+    """What a device-wide call (torch.cuda.synchronize(device), a kernel load)
+    holds: the device's capture lock."""
+    import torch
+    if not thread_streams.enabled:
+        return contextlib.nullcontext()
+    return capture_locks(torch.cuda._utils._get_device_index(device, optional=True))
+
+
+RECORD = """\
+    with {ns}.streams.recording(self.device, model):
+        return {ns}.inner({call})
+"""
+BEGIN = """\
+    plan = {ns}.streams.begin()
+    try:
+        return {ns}.inner({call})
+    finally:
+        {ns}.streams.begun(plan)
+"""
+END = """\
+    try:
+        return {ns}.inner({call})
+    finally:
+        {ns}.streams.ended()
+"""
+SYNC = """\
+    with {ns}.waiting(device):
+        return {ns}.inner({call})
+"""
+LOAD = """\
+    if self.module is not None:
+        return {ns}.inner({call})
+    with {ns}.waiting(None):
+        return {ns}.inner({call})
+"""
+STREAMS = ("streams", lambda: thread_streams)
+KERNEL_LOAD = "triton.compiler.compiler.CompiledKernel._init_handles"
+
+
+def rng_needed(_facts: Any) -> tuple[Outcome, str] | None:
+    import torch
+    if plain_function(NODE_RECORD) is None or plain_function(CAPTURE_BEGIN) is None:
+        return Outcome.NOT_AVAILABLE, "on this torch"
+    if not hasattr(torch.Generator, "graphsafe_set_state"):
+        return stood_down("no graph-safe generator state on this torch")
+    code = plain_function(NODE_RECORD).__code__
+    if "graph" not in code.co_names or "device" not in code.co_names:
+        return stood_down("CUDAGraphNode._record is not the one fxguard knows")
+    return None
+
+
+ROWS = (
+    Wrapped("CUDA-graph random numbers per thread",
+            (Swap(NODE_RECORD, RECORD, (STREAMS,), params=("self", "model")),
+             Swap(CAPTURE_BEGIN, BEGIN, (STREAMS,)),
+             Swap(CAPTURE_END, END, (STREAMS,))),
+            rng_needed, option=OPTION),
+    Wrapped("torch.cuda.synchronize() waits for the device's recording",
+            (Swap(SYNCHRONIZE, SYNC, (("waiting", lambda: recording_on),),
+                  params=("device",)),),
+            lambda _facts: None, option=OPTION),
+    # Loading a compiled kernel's module (cuModuleLoadData) while a stream of the
+    # device captures fails "operation not permitted when stream is capturing":
+    # a fresh kernel's load takes the device's capture lock.
+    Wrapped("Triton kernel loads wait for the device's recording",
+            (Swap(KERNEL_LOAD, LOAD, (("waiting", lambda: recording_on),),
+                  params=("self",)),),
+            lambda _facts: None, option=OPTION),
+)

@@ -1,0 +1,268 @@
+"""Random numbers and device syncs of CUDA graphs (``reduce-overhead``) in threads.
+
+On a GPU (marker ``gpu``): one thread holds its recording open (a custom op that
+waits while its stream captures) while another replays a graph that draws,
+draws eagerly from the default CUDA generator, or calls torch.cuda.synchronize();
+two threads' graphed dropout replays, gated to run at once, draw masks of their
+own; a single thread draws stock's masks.  Each race runs with the row turned
+off ("off": every other row on), where it must fail on torch 2.11.
+"""
+import gc
+import threading
+
+import pytest
+import torch
+
+import fxguard
+from fxguard.torch_support import cudagraph_rng
+from guarded import fresh_function
+
+OLD_RNG = torch.__version__ < (2, 12)  # the capturing mark is the process's
+STOCK_FAILS = pytest.mark.xfail(strict=True, reason="stock: the default generator's state is "
+                                "shared by every capture and replay of the device")
+FEW = 4  # warm-up, recording, replays
+
+
+@pytest.fixture(autouse=True)
+def row(request):
+    guard = request.node.callspec.params.get("guard", "on") if hasattr(request.node, "callspec") \
+        else "on"
+    rows = {r["what"]: r for r in fxguard.install()["patch_points"]}
+    streams = cudagraph_rng.thread_streams
+    streams.enabled = guard == "on"
+    streams._warned.clear()
+    gc.collect()  # the lanes and trees of earlier tests' threads
+    torch._dynamo.reset()
+    yield rows
+    streams.enabled = True
+    fxguard.uninstall()
+
+
+def on_gpu(test):
+    return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(),
+                                              reason="needs CUDA")(test))
+
+
+def in_thread(fn, *, name=None):
+    """A started thread running fn; join() returns what it returned or raises."""
+    out = {}
+
+    def run():
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # noqa: BLE001  (raised in join)
+            out["error"] = e
+    t = threading.Thread(target=run, name=name)
+    t.start()
+
+    def join():
+        t.join(600)
+        assert not t.is_alive(), "hung"
+        if "error" in out:
+            raise out["error"]
+        return out.get("value")
+    return join
+
+
+# -- holding a recording open ----------------------------------------------------------
+
+capturing, release = threading.Event(), threading.Event()
+HOLD_S = [60.0]  # hang guard; a test whose other thread waits for the capture shortens it
+
+
+@torch.library.custom_op("fxguard_test::hold", mutates_args=())
+def hold(x: torch.Tensor) -> torch.Tensor:
+    """x, once released, where its stream captures (a recording held open)."""
+    if torch.cuda.is_current_stream_capturing():
+        capturing.set()
+        release.wait(HOLD_S[0])
+    return x.clone()
+
+
+@hold.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def recorder(draws: bool):
+    """In a thread of its own, on its own stream: a graph recorded under
+    reduce-overhead that holds its capture open until released."""
+    src = ("def f(x):\n    return torch.nn.functional.dropout(hold(x), 0.5) * 2 + 1\n" if draws
+           else "def f(x):\n    return hold(x) * 2 + 1\n")
+    f = torch.compile(fresh_function(src, "f", {"hold": hold, "torch": torch}), mode="reduce-overhead")
+
+    def record():
+        with torch.cuda.stream(torch.cuda.Stream()), torch.no_grad():
+            x = torch.ones(1024, device="cuda")
+            for _ in range(FEW):
+                f(x)
+            torch.cuda.current_stream().synchronize()
+    return record
+
+
+def replayer(draws: bool = True):
+    """A graph (dropout if it draws) warmed up and recorded here, and its replay."""
+    src = ("def g(x):\n    return torch.nn.functional.dropout(x, 0.5)\n" if draws
+           else "def g(x):\n    return x.cos()\n")
+    g = torch.compile(fresh_function(src, "g", {"torch": torch}), mode="reduce-overhead")
+    x = torch.ones(4096, device="cuda")
+    with torch.no_grad():
+        for _ in range(FEW):
+            g(x)
+
+    def replay():
+        with torch.no_grad():
+            return (g(x) != 0).clone()
+    return replay
+
+
+def while_recording(recorder_draws, action, hold_s=60.0):
+    """action() in this thread while another thread's recording is held open."""
+    capturing.clear()
+    release.clear()
+    HOLD_S[0] = hold_s
+    joined = in_thread(recorder(recorder_draws), name="recorder")
+    try:
+        assert capturing.wait(300), "the recording never began"
+        return action()
+    finally:
+        release.set()
+        joined()
+        torch.cuda.synchronize()
+
+
+@on_gpu
+@pytest.mark.parametrize("recorder_draws", [False, True])
+@pytest.mark.parametrize("guard", [pytest.param("off", marks=STOCK_FAILS if OLD_RNG else ()),
+                                   "on"])
+def test_a_replay_that_draws_while_another_thread_records(guard, recorder_draws):
+    with torch.cuda.stream(torch.cuda.Stream()):
+        replay = replayer()
+        masks = while_recording(recorder_draws, lambda: [replay() for _ in range(3)])
+        torch.cuda.current_stream().synchronize()
+    assert all(0 < m.sum().item() < m.numel() for m in masks)
+
+
+@on_gpu
+@pytest.mark.parametrize("guard", [pytest.param("off", marks=STOCK_FAILS if OLD_RNG else ()),
+                                   "on"])
+def test_an_eager_draw_while_another_thread_records_a_graph_that_draws_nothing(guard):
+    with torch.cuda.stream(torch.cuda.Stream()):
+        drawn = while_recording(False, lambda: [torch.randint(0, 1000, (64,), device="cuda"),
+                                                torch.nn.functional.dropout(
+                                                    torch.ones(64, device="cuda"), 0.5)])
+        torch.cuda.current_stream().synchronize()
+    assert drawn[0].unique().numel() > 1 and 0 < (drawn[1] != 0).sum().item() < 64
+
+
+@on_gpu
+@pytest.mark.skipif(not OLD_RNG, reason="torch 2.12+ keeps the capturing mark per capture")
+def test_a_recording_that_draws_beside_other_threads_is_named(caplog):
+    """torch 2.11: an eager draw while another thread records a graph that draws
+    cannot be kept clear; the recording thread is named, with the fix, first."""
+    replay = replayer(draws=True)  # this thread keeps the default generator
+    with caplog.at_level("WARNING", logger="fxguard"):
+        while_recording(True, replay)
+    assert "thread 'recorder' records a CUDA graph that draws" in caplog.text
+    assert "torch.Generator(device='cuda')" in caplog.text
+
+
+@on_gpu
+@pytest.mark.parametrize("guard", [pytest.param("off", marks=pytest.mark.xfail(
+    strict=True, reason="stock: a device sync while another thread captures")), "on"])
+def test_synchronize_on_the_default_stream_while_another_thread_records(guard):
+    """This thread on the default stream; the recording held for 3 s at most
+    (with the row, this thread's sync waits for it to end)."""
+    replayer(draws=False)()  # this thread's own graphs too
+    while_recording(False, torch.cuda.synchronize, hold_s=3.0)
+
+
+# -- a stream of random numbers per thread ------------------------------------------
+
+def _gated_masks(steps: int, gate_stream):
+    """Two threads' graphed dropout, recorded one after the other, then replayed
+    together: each step's replays wait on one event behind a sleep, so both
+    threads' seeds and offsets are written before either graph runs."""
+    recorded, go, done = threading.Barrier(2), threading.Barrier(3), threading.Barrier(3)
+    gates = [None]
+    turn = threading.Semaphore(1)
+
+    def thread():
+        with turn:  # recorded one after the other
+            with torch.cuda.stream(torch.cuda.Stream()):
+                replay = replayer(draws=True)
+                torch.cuda.current_stream().synchronize()
+        recorded.wait(300)
+        masks = []
+        with torch.cuda.stream(torch.cuda.Stream()):
+            for _ in range(steps):
+                go.wait(300)
+                torch.cuda.current_stream().wait_event(gates[0])
+                masks.append(replay())
+                done.wait(300)
+            torch.cuda.current_stream().synchronize()
+        return masks
+    joins = [in_thread(thread, name=f"drafter-{i}") for i in range(2)]
+    for _ in range(steps):
+        with torch.cuda.stream(gate_stream):
+            torch.cuda._sleep(2_000_000)
+            gates[0] = torch.cuda.Event()
+            gates[0].record()
+        go.wait(300)
+        done.wait(300)
+    a, b = (j() for j in joins)
+    return sum(torch.equal(x, y) for x, y in zip(a, b)), a, b
+
+
+@on_gpu
+@pytest.mark.parametrize("guard", [pytest.param("off", marks=pytest.mark.xfail(
+    strict=True, reason="stock (pytorch#176754): replays share the seed and offset tensors")),
+    "on"])
+def test_each_threads_replays_draw_masks_of_their_own(guard):
+    equal, a, b = _gated_masks(40, torch.cuda.Stream())
+    assert all(0 < m.sum().item() < m.numel() for m in a + b)
+    assert len({m.cpu().numpy().tobytes() for m in a}) == len(a)  # none repeats in a thread
+    assert equal == 0, f"{equal} of 40 steps drew the same mask in both threads"
+
+
+@on_gpu
+def test_a_single_thread_draws_stocks_masks():
+    """Alone, a thread's graphs register the default generator, as stock."""
+    def masks():
+        torch._dynamo.reset()
+        torch.cuda.manual_seed(1234)
+        replay = replayer(draws=True)
+        out = [replay() for _ in range(5)]
+        return out + [torch.rand(8, device="cuda")]
+    with_row = masks()
+    fxguard.uninstall()
+    stock = masks()
+    assert all(torch.equal(x, y) for x, y in zip(with_row, stock))
+
+
+@on_gpu
+def test_the_output_code_says_whether_a_graph_draws():
+    seen = {}
+    original = cudagraph_rng.draws
+
+    def noting(model):
+        seen.setdefault("draws", []).append(original(model))
+        return seen["draws"][-1]
+    cudagraph_rng.draws = noting
+    try:
+        replayer(draws=False)
+        replayer(draws=True)
+    finally:
+        cudagraph_rng.draws = original
+    assert seen["draws"] == [False, True]
+
+
+def test_no_two_patched_rows_swap_one_function():
+    """A Swap's inner is the function as the per-thread globals leave it, not as
+    another row's swap does: two rows on one function, and the last one wins."""
+    from fxguard.machinery.wrapped import Wrapped
+    from fxguard.torch_support import rows as all_rows
+    patched = {r["what"] for r in fxguard.install()["patch_points"] if r["patched"]}
+    wheres = [swap.where for row in all_rows.ROWS if isinstance(row, Wrapped) and row.what in patched
+              for swap in row.swaps]
+    assert sorted({w for w in wheres if wheres.count(w) > 1}) == []

@@ -1,0 +1,171 @@
+"""``cuda_graph_thread()``: a stream of its own and backwards in turn, and drafter
+threads written as users write them (marker ``gpu``).
+
+The races themselves are forced one by one in test_cuda_graph_rng.py (each
+fails with the row off); here three threads run the users' steps whole: the
+batch drawn from the default CUDA generator, dropout in the graphed model,
+reduce-overhead on the default stream with a device sync each step.
+"""
+import threading
+import traceback
+
+import pytest
+import torch
+
+import fxguard
+from fxguard.torch_support.cuda_thread import Turns, cuda_graph_thread, device_turns
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.fixture(autouse=True)
+def installed():
+    fxguard.install()
+    torch._dynamo.reset()
+    yield
+    fxguard.uninstall()
+
+
+def test_turns_serve_first_come_first():
+    turns, order, asked = Turns(), [], []
+    turns.__enter__()  # held: the others queue
+
+    def ask(name):
+        with turns:
+            order.append(name)
+    threads = []
+    for i, name in enumerate("abc"):
+        threads.append(threading.Thread(target=ask, args=(name,)))
+        threads[-1].start()
+        while turns.waiting() != i + 2:  # this one holds its ticket
+            threading.Event().wait(0.001)
+        asked.append(name)
+    turns.__exit__(None, None, None)
+    for t in threads:
+        t.join(60)
+    assert order == asked == ["a", "b", "c"]
+
+
+def test_a_turn_holder_may_start_a_backward_inside_its_own():
+    turns = Turns()
+    with turns:
+        with turns:
+            pass
+        assert turns.waiting() == 1
+    assert turns.waiting() == 0
+
+
+@pytest.mark.gpu
+@CUDA
+def test_a_block_runs_on_a_stream_of_its_own_after_the_threads_earlier_work():
+    x = torch.ones(1 << 20, device="cuda")
+    torch.cuda._sleep(1_000_000)
+    x.mul_(3)  # queued behind the sleep on the default stream
+    with cuda_graph_thread() as stream:
+        assert torch.cuda.current_stream() == stream != torch.cuda.default_stream()
+        y = x * 2
+    assert torch.cuda.current_stream() == torch.cuda.default_stream()
+    assert y.sum().item() == 6 * x.numel()
+
+
+def _probe(on_backward):
+    class Probe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 1
+
+        @staticmethod
+        def backward(ctx, grad):
+            on_backward()
+            return grad
+    return Probe
+
+
+@pytest.mark.gpu
+@CUDA
+def test_backwards_start_in_the_order_the_threads_asked():
+    """A's backward holds the worker; B asks, then C, whose graph has more nodes
+    (the engine's queue alone would run C's first)."""
+    turns = device_turns(torch.cuda.current_device())
+    started, release, order = threading.Event(), threading.Event(), []
+
+    def holder():
+        started.set()
+        assert release.wait(120)
+        order.append("a")
+
+    def thread(name, nodes, on_backward):
+        def run():
+            with cuda_graph_thread():
+                x = torch.ones(8, device="cuda", requires_grad=True)
+                y = x
+                for _ in range(nodes):
+                    y = y * 1
+                _probe(on_backward).apply(y).sum().backward()
+        t = threading.Thread(target=run, name=name)
+        t.start()
+        return t
+    a = thread("a", 1, holder)
+    assert started.wait(120)
+    b = thread("b", 1, lambda: order.append("b"))
+    for _ in range(120_000):
+        if turns.waiting() == 2:
+            break
+        threading.Event().wait(0.001)
+    c = thread("c", 500, lambda: order.append("c"))
+    for _ in range(120_000):
+        if turns.waiting() == 3:
+            break
+        threading.Event().wait(0.001)
+    release.set()
+    for t in (a, b, c):
+        t.join(120)
+    assert order == ["a", "b", "c"]
+
+
+def _drafter_step(variant, seed):
+    """A user's small drafter under reduce-overhead: losses of a few steps."""
+    layers = [torch.nn.Embedding(100, 64), torch.nn.Linear(64, 64), torch.nn.GELU()]
+    if variant == "dropout":
+        layers.append(torch.nn.Dropout(0.1))
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(64, 100)).cuda()
+    forward = torch.compile(model, mode="reduce-overhead")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    own = torch.Generator(device="cuda").manual_seed(seed)
+    losses = []
+    for _ in range(12):
+        gen = own if variant == "dropout" else None  # the default generator otherwise
+        ids = torch.randint(0, 100, (32,), device="cuda", generator=gen)
+        loss = torch.nn.functional.cross_entropy(forward(ids), ids)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if variant == "default-stream":
+            torch.cuda.synchronize()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.gpu
+@CUDA
+@pytest.mark.parametrize("variant", ["default-generator", "dropout", "default-stream"])
+def test_three_drafters_as_users_write_them(variant):
+    barrier, errors, losses = threading.Barrier(3), [], {}
+
+    def drafter(seed):
+        try:
+            barrier.wait(120)
+            if variant == "default-stream":
+                losses[seed] = _drafter_step(variant, seed)
+            else:
+                with cuda_graph_thread():
+                    losses[seed] = _drafter_step(variant, seed)
+        except Exception:  # noqa: BLE001  (reported below, with where it was raised)
+            errors.append(traceback.format_exc()[-3000:])
+    threads = [threading.Thread(target=drafter, args=(s,), name=f"drafter-{s}") for s in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    assert errors == [], "\n".join(errors)
+    assert all(len(v) == 12 and all(x == x for x in v) for v in losses.values())

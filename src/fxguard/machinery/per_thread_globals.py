@@ -111,8 +111,8 @@ class PerThread(RowKind):
                            detail="kept per thread already (a ContextVar or threading.local)")
         # A write in a function fxguard does not rewrite (a release it has not
         # seen) would set a module attribute nobody reads.
-        listed = {w.rsplit(".", 1)[1] for w in self.writers + self.or_writers}
-        missed = writers.unlisted(ctx.writes.get(self.name, ()), listed)
+        missed = writers.unlisted(ctx.writes.get(self.name, ()),
+                                  set(self.writers + self.or_writers), self.module.split(".")[0])
         if missed:
             raise NotCovered(f"{self.where} is assigned where fxguard does not rewrite it: "
                              f"{', '.join(missed[:3])}; it stays process-wide")

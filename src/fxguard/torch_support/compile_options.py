@@ -42,7 +42,8 @@ def patched_copy(original: Callable[[Any], dict], config_patches: Any) -> dict:
     if isinstance(config_patches, dict) and isinstance(entries, dict) and all(
             _plain(entries.get(key)) for key in config_patches):
         made = config.get_config_copy()
-        made.update((key, copy.deepcopy(value)) for key, value in config_patches.items())
+        made.update((key, copy.deepcopy(value)) for key, value in config_patches.items()
+                    if not _forced(entries[key]))  # as config.patch: an env-forced value wins
         return made
     with _compile_lock():
         return original(config_patches)
@@ -51,6 +52,15 @@ def patched_copy(original: Callable[[Any], dict], config_patches: Any) -> dict:
 def _plain(entry: Any) -> bool:
     """An entry whose patch only sets its own value (no alias, not deleted)."""
     return entry is not None and getattr(entry, "alias", None) is None and not getattr(entry, "hide", False)
+
+
+def _forced(entry: Any) -> bool:
+    """An entry an environment variable forces (``Config(env_name_force=...)``):
+    reads give that value whatever a patch sets."""
+    module = sys.modules.get("torch.utils._config_module")
+    unset = getattr(module, "_UNSET_SENTINEL", None)
+    force = getattr(entry, "env_value_force", unset)
+    return unset is not None and force is not unset
 
 
 def _compile_lock() -> Any:

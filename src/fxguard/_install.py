@@ -96,40 +96,56 @@ def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
     import torch  # noqa: F401
     with _lock:
         _sweep_locked()
-        if _installed is not None:
-            if _installed.options == chosen:
-                return status()
-            _uninstall_locked(core_off=False)  # the same slots: threads keep their records
+        previous = None if _installed is None else _installed.options
+        if previous == chosen:
+            return status()
         try:
-            facts, prepared = _prepare(chosen)  # raises before touching torch
+            return _install_locked(chosen)
         except BaseException:
-            _sweep_locked()  # the core goes off with nothing installed
+            if previous is not None and _installed is None:  # refused: keep the earlier install
+                try:
+                    _install_locked(previous)
+                except Exception:  # noqa: BLE001 - the first error is the one to raise
+                    log.exception("fxguard: could not put the earlier install back")
             raise
-        mark = len(originals.applied())
-        for register in prepared.up_front:  # what torch itself would do lazily, never undone
-            register()
-        try:
-            # The core first: rewritten code reads its slots as soon as it is live.
-            carried, workers = _configure_core(facts.layout, prepared.defaults,
-                                               prepared.carry_context)
-            originals.apply_all(prepared.changes, settle.live, settle.names_in_use)
-            for module, name, value in prepared.initial:  # this thread keeps what it had
-                setattr(vars(module)[codegen.TLS], name, value)
-            if carried:  # records go to torch's thread-locals
-                _wait_for_exiting_threads_at_exit()
-        except BaseException:
-            originals.revert_all(down_to=mark)
-            _installed = None
-            _sweep_locked()  # the core goes off unless uninstall() left names for frames
-            raise
-        _installed = Installed(facts.layout, chosen, prepared.rows, workers,
-                               dict(code_cache.last), prepared.concurrent, prepared.compile_once,
-                               facts, prepared.later)
-        _watch(prepared.later)
-        _log_installed(_installed.rows)
-        _catch_up_locked()  # a module imported by another thread while this one planned
-        _sweep_later()
-        return status()
+
+
+def _install_locked(chosen: Options) -> dict:
+    """install() with the lock held: the plan for ``chosen`` applied (what was
+    installed before uninstalled first)."""
+    global _installed
+    if _installed is not None:
+        _uninstall_locked(core_off=False)  # the same slots: threads keep their records
+    try:
+        facts, prepared = _prepare(chosen)  # raises before touching torch
+    except BaseException:
+        _sweep_locked()  # the core goes off with nothing installed
+        raise
+    mark = len(originals.applied())
+    for register in prepared.up_front:  # what torch itself would do lazily, never undone
+        register()
+    try:
+        # The core first: rewritten code reads its slots as soon as it is live.
+        carried, workers = _configure_core(facts.layout, prepared.defaults,
+                                           prepared.carry_context)
+        originals.apply_all(prepared.changes, settle.live, settle.names_in_use)
+        for module, name, value in prepared.initial:  # this thread keeps what it had
+            setattr(vars(module)[codegen.TLS], name, value)
+        if carried:  # records go to torch's thread-locals
+            _wait_for_exiting_threads_at_exit()
+    except BaseException:
+        originals.revert_all(down_to=mark)
+        _installed = None
+        _sweep_locked()  # the core goes off unless uninstall() left names for frames
+        raise
+    _installed = Installed(facts.layout, chosen, prepared.rows, workers,
+                           dict(code_cache.last), prepared.concurrent, prepared.compile_once,
+                           facts, prepared.later)
+    _watch(prepared.later)
+    _log_installed(_installed.rows)
+    _catch_up_locked()  # a module imported by another thread while this one planned
+    _sweep_later()
+    return status()
 
 
 def _prepare(chosen: Options, later: Any = None) -> tuple[Any, Any]:

@@ -75,6 +75,18 @@ def test_install_with_other_options_reinstalls():
     assert rows["FX-tracing flag"]["patched"] is (s["mode"] == "patched")
 
 
+def test_a_refused_reconfiguration_keeps_the_earlier_install(monkeypatch):
+    """install() with other options that this torch refuses raises and leaves
+    the earlier install as it was (it had uninstalled it first)."""
+    from fxguard.torch_support import facts
+    before = fxguard.install(block_mask_lock=False)
+    monkeypatch.setattr(facts, "concurrent_compiles_refusal", lambda found: "refused here")
+    with pytest.raises(Exception, match="refused here"):
+        fxguard.install(concurrent_compiles=True)
+    assert fxguard.is_installed()
+    assert fxguard.status() == before
+
+
 def test_unknown_option_is_rejected_before_anything_changes():
     before = snapshot()
     with pytest.raises(TypeError, match="unexpected keyword argument .turbo."):

@@ -136,6 +136,28 @@ publish_record(PyObject *module, PyObject *Py_UNUSED(ignored))
 }
 
 /* Docstrings start with text signatures, so inspect.signature() works. */
+/* _current_frames(): sys._current_frames() with the collector paused (a
+ * collection while CPython 3.11 builds the frames can hang the process), in C
+ * so that no exception can land between the pause and its end. */
+static PyObject *
+current_frames(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    (void)module;
+    PyObject *fn = PySys_GetObject("_current_frames"); /* borrowed: owned at once */
+    if (fn == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "sys._current_frames is missing");
+        return NULL;
+    }
+    Py_INCREF(fn);
+    int was_enabled = PyGC_Disable();
+    PyObject *frames = PyObject_CallNoArgs(fn);
+    if (was_enabled) {
+        PyGC_Enable();
+    }
+    Py_DECREF(fn);
+    return frames;
+}
+
 static PyMethodDef core_methods[] = {
     {"is_fx_tracing", (PyCFunction)(void (*)(void))is_fx_tracing, METH_FASTCALL,
      "is_fx_tracing($module, /)\n--\n\nWhether the calling thread is FX tracing."},
@@ -143,6 +165,9 @@ static PyMethodDef core_methods[] = {
      "is_fx_symbolic_tracing($module, /)\n--\n\n"
      "Whether the calling thread is FX tracing and not being compiled by dynamo.\n"
      "Does not call into torch unless the thread is tracing."},
+    {"_current_frames", current_frames, METH_NOARGS,
+     "_current_frames($module, /)\n--\n\n"
+     "sys._current_frames() with the collector paused, uninterruptibly."},
     {"_tracing_records", tracing_records, METH_NOARGS,
      "_tracing_records($module, /)\n--\n\nNumber of threads whose FX flag is set."},
     {"_thread_values", thread_values, METH_NOARGS,

@@ -29,7 +29,7 @@ import threading
 import types
 from typing import Iterable
 
-from .. import interpreter
+from .. import _core, interpreter
 
 
 _walk = threading.Lock()
@@ -39,15 +39,11 @@ def current_frames() -> dict[int, types.FrameType]:
     """sys._current_frames() with the collector paused.  CPython 3.11 makes the
     frame objects while it holds the thread-state list's lock; a collection
     they trigger that frees a threading.local takes that lock again and the
-    process hangs (seen in the suite on 3.11.7)."""
+    process hangs (seen in the suite on 3.11.7).  The pause is the C core's, so
+    no exception can leave the collector off; the lock keeps two walks' pauses
+    apart where the GIL does not (free-threaded builds)."""
     with _walk:
-        paused = gc.isenabled()
-        gc.disable()
-        try:
-            return sys._current_frames()
-        finally:
-            if paused:
-                gc.enable()
+        return _core._current_frames()
 
 
 def threads_running(codes: Iterable[types.CodeType]) -> list[str]:

@@ -46,6 +46,47 @@ def test_turns_serve_first_come_first():
     assert order == asked == ["a", "b", "c"]
 
 
+def test_a_waiter_interrupted_gives_its_turn_up():
+    """Ctrl-C in one thread's wait for its turn must not hang the threads after
+    it: its ticket is skipped."""
+    import signal
+    from guarded import finish
+    turns, served = Turns(), threading.Event()
+    holder_in, holder_out = threading.Event(), threading.Event()
+
+    def holder():
+        with turns:
+            holder_in.set()
+            assert holder_out.wait(60)
+
+    def later():
+        with turns:
+            served.set()
+    a = threading.Thread(target=holder)
+    a.start()
+    assert holder_in.wait(60)
+    main = threading.main_thread().ident
+    assert threading.get_ident() == main, "the signal goes to the main thread"
+    c = threading.Thread(target=later)
+
+    def interrupt_main_when_both_wait():
+        while turns.waiting() != 2:  # the holder and the main thread
+            threading.Event().wait(0.001)
+        c.start()
+        while turns.waiting() != 3:
+            threading.Event().wait(0.001)
+        signal.pthread_kill(main, signal.SIGINT)
+    k = threading.Thread(target=interrupt_main_when_both_wait)
+    k.start()
+    with pytest.raises(KeyboardInterrupt):
+        with turns:
+            pass
+    holder_out.set()
+    finish(a, k)
+    assert served.wait(60), "the thread after the interrupted one was never served"
+    finish(c)
+
+
 def test_a_turn_holder_may_start_a_backward_inside_its_own():
     turns = Turns()
     with turns:

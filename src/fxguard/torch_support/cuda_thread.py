@@ -25,13 +25,16 @@ from ..machinery.wrapped import Swap, Wrapped, plain_function
 
 
 class Turns:
-    """First come, first served (threading.Lock promises no order among waiters)."""
+    """First come, first served (threading.Lock promises no order among waiters).
+    A waiter interrupted (Ctrl-C) gives its ticket up, so the ones after it are
+    still served."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._next = self._serving = 0
         self._holder: int | None = None
         self._depth = 0   # a backward inside the holder's own (torch.autograd.grad in a hook)
+        self._given_up: set[int] = set()
 
     def __enter__(self) -> None:
         me = threading.get_ident()
@@ -40,7 +43,12 @@ class Turns:
                 self._depth += 1
                 return
             ticket, self._next = self._next, self._next + 1
-            self._cond.wait_for(lambda: self._serving == ticket)
+            try:
+                self._cond.wait_for(lambda: self._serving == ticket)
+            except BaseException:
+                self._given_up.add(ticket)
+                self._skip_given_up()
+                raise
             self._holder, self._depth = me, 1
 
     def __exit__(self, *exc: Any) -> None:
@@ -49,7 +57,14 @@ class Turns:
             if self._depth == 0:
                 self._holder = None
                 self._serving += 1
-                self._cond.notify_all()
+                self._skip_given_up()
+
+    def _skip_given_up(self) -> None:
+        """Serve past the tickets their waiters gave up, and wake the waiters (lock held)."""
+        while self._serving in self._given_up:
+            self._given_up.discard(self._serving)
+            self._serving += 1
+        self._cond.notify_all()
 
     def waiting(self) -> int:
         """Threads holding a ticket, the one served included."""

@@ -141,3 +141,66 @@ def test_held_takes_turns_per_code_object_and_nests():
     finish(t1, t2)
     assert order == ["first in", "b", "first out", "second in"]
     assert gate.in_flight() == 0
+
+
+def _leak(gate: CompileGate, code) -> None:
+    """Take a ticket in a frame that ends without end(): what an interrupt in
+    the caller's finally, before its end(), leaves."""
+    gate.begin(code)
+
+
+def test_a_ticket_whose_frame_ended_without_end_is_abandoned():
+    gate, code = CompileGate(), _code("a.py")
+    _leak(gate, code)
+    assert gate.in_flight() == 1
+    got = []
+    other = threading.Thread(target=lambda: got.append(gate.begin(code)), daemon=True)
+    other.start()
+    other.join(60)
+    assert not other.is_alive(), "another thread waited for a ticket nobody holds"
+    assert not got[0].done and gate.abandoned == 1  # it holds the code's turn now
+    gate_same_thread, code_b = CompileGate(), _code("b.py")
+    _leak(gate_same_thread, code_b)
+    mine = gate_same_thread.begin(code_b)  # the same thread: no "re-entered"
+    assert not mine.done
+    gate_same_thread.end(code_b, None)
+
+
+def test_a_waiter_wakes_when_the_owners_frame_ends_without_end():
+    gate, code = CompileGate(), _code("a.py")
+    owner_in, owner_go = threading.Event(), threading.Event()
+
+    def owner():
+        _leak_after(gate, code, owner_in, owner_go)
+    got = []
+    t = threading.Thread(target=owner)
+    t.start()
+    assert owner_in.wait(60)
+    w = threading.Thread(target=lambda: got.append(gate.begin(code)))
+    w.start()
+    _wait_until_waiting(gate, 1)
+    owner_go.set()  # the owner's frame returns without end()
+    t.join(60)
+    w.join(60)
+    assert not w.is_alive(), "the waiter never woke"
+    assert got[0].done and got[0].result is None
+
+
+def _leak_after(gate, code, inside, go) -> None:
+    gate.begin(code)
+    inside.set()
+    assert go.wait(60)
+
+
+def test_an_owner_thread_ident_reused_owns_nothing():
+    """Owners are frames: a later thread with the same ident (the OS reuses
+    them) does not inherit a ticket whose frame is gone."""
+    gate, code = CompileGate(), _code("a.py")
+    t = threading.Thread(target=_leak, args=(gate, code))
+    t.start()
+    t.join(60)
+    got = []
+    again = threading.Thread(target=lambda: got.append(gate.begin(code)))
+    again.start()
+    again.join(60)
+    assert not again.is_alive() and not got[0].done

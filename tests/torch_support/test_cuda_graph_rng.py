@@ -266,3 +266,46 @@ def test_no_two_patched_rows_swap_one_function():
     wheres = [swap.where for row in all_rows.ROWS if isinstance(row, Wrapped) and row.what in patched
               for swap in row.swaps]
     assert sorted({w for w in wheres if wheres.count(w) > 1}) == []
+
+
+def test_device_calls_wait_for_another_threads_capture_only():
+    """synchronize()/kernel loads wait while another thread's capture itself
+    runs on the device (torch-free part: the marks), never for their own
+    thread's, and a mark left by a thread that ended mid-capture is dropped."""
+    from guarded import finish
+    from fxguard.torch_support.cudagraph_rng import ThreadStreams
+    streams = ThreadStreams(lambda: threading.get_ident)
+    streams._captures[0] = {threading.get_ident()}
+    with streams.no_capture_on(0):  # its own capture: no wait
+        pass
+    capturing, passed = threading.Event(), threading.Event()
+    release = threading.Event()
+
+    def capturer():
+        with streams._capture_cond:
+            streams._captures[0] = {threading.get_ident()}
+        capturing.set()
+        assert release.wait(60)
+        with streams._capture_cond:
+            streams._captures[0].clear()
+            streams._capture_cond.notify_all()
+
+    def caller():
+        with streams.no_capture_on(0):
+            passed.set()
+    a = threading.Thread(target=capturer)
+    a.start()
+    assert capturing.wait(60)
+    b = threading.Thread(target=caller)
+    b.start()
+    assert not passed.wait(0.2), "a device call ran during another thread's capture"
+    release.set()
+    finish(a, b)
+    assert passed.is_set()
+    dead = threading.Thread(target=lambda: None)
+    dead.start()
+    dead.join()
+    streams._captures[1] = {dead.ident}
+    with streams.no_capture_on(1):  # the ended thread's mark goes
+        pass
+    assert streams._captures[1] == set()

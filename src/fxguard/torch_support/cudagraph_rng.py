@@ -22,8 +22,9 @@ begun), so nothing of the process is marked capturing; a capture that draws
 records with the thread's own state in place for the whole capture (the first
 thread to record such a graph on a device keeps the default state, as alone),
 so each thread's replays draw a stream of their own and never meet another's
-capture.  ``torch.cuda.synchronize()`` and a Triton kernel's first load take
-the device's capture lock.
+capture.  ``torch.cuda.synchronize()`` and a Triton kernel's first load wait
+while another thread's capture itself (capture_begin to capture_end) runs on
+the device; not for its warm-up, which may wait for a compile they belong to.
 A single thread's captures run as stock.
 """
 from __future__ import annotations
@@ -110,6 +111,8 @@ class ThreadStreams:
         self._plan = threading.local()     # .stack: (generator to swap in, for the whole capture)
         self._warned: set[str] = set()
         self.enabled = True   # False: captures and syncs as stock (tests see the races)
+        self._captures: dict[int, set[int]] = {}  # device: threads inside a capture there
+        self._capture_cond = threading.Condition(threading.Lock())
 
     def _lane(self) -> Any:
         if self._lane_fn is None:
@@ -220,6 +223,47 @@ class ThreadStreams:
         stack = self._stack()
         if stack and stack[-1] is not None:
             stack[-1].swap_out()
+        self._mark_capture(False)
+
+    # -- who captures now (between capture_begin and capture_end) ---------------------
+    def capturing(self) -> None:
+        """After a successful capture_begin: this thread captures on its device."""
+        self._mark_capture(True)
+
+    def _mark_capture(self, on: bool) -> None:
+        import torch
+        me = threading.get_ident()
+        if on:
+            device = self._plan.capture_device = torch.cuda.current_device()
+        else:
+            device = getattr(self._plan, "capture_device", None)
+            if device is None:
+                return
+            self._plan.capture_device = None
+        with self._capture_cond:
+            threads = self._captures.setdefault(device, set())
+            if on:
+                threads.add(me)
+            else:
+                threads.discard(me)
+                self._capture_cond.notify_all()
+
+    @contextlib.contextmanager
+    def no_capture_on(self, device: int) -> Any:
+        """Wait while another thread captures on ``device`` (only the capture
+        itself, never its warm-up, which can wait for compiles: a wait there
+        could close a cycle).  Nothing is held during the block."""
+        me = threading.get_ident()
+        with self._capture_cond:
+            while True:
+                others = self._captures.get(device, set()) - {me}
+                if not others:
+                    break
+                alive = {t.ident for t in threading.enumerate()}
+                self._captures[device] -= others - alive  # a thread that ended mid-capture
+                if others & alive:
+                    self._capture_cond.wait(0.05)
+        yield
 
 
 def _beside_others(device: int, managers: int) -> bool:
@@ -275,11 +319,13 @@ thread_streams = ThreadStreams(lane_getter)
 
 def recording_on(device: Any) -> Any:
     """What a device-wide call (torch.cuda.synchronize(device), a kernel load)
-    holds: the device's capture lock."""
+    waits for: other threads' captures on the device to end (not the capture
+    lock, which also covers warm-ups that may wait for a compile this thread's
+    call belongs to)."""
     import torch
     if not thread_streams.enabled:
         return contextlib.nullcontext()
-    return capture_locks(torch.cuda._utils._get_device_index(device, optional=True))
+    return thread_streams.no_capture_on(torch.cuda._utils._get_device_index(device, optional=True))
 
 
 RECORD = """\
@@ -289,7 +335,9 @@ RECORD = """\
 BEGIN = """\
     plan = {ns}.streams.begin()
     try:
-        return {ns}.inner({call})
+        began = {ns}.inner({call})
+        {ns}.streams.capturing()
+        return began
     finally:
         {ns}.streams.begun(plan)
 """
@@ -337,7 +385,7 @@ ROWS = (
             lambda _facts: None, option=OPTION),
     # Loading a compiled kernel's module (cuModuleLoadData) while a stream of the
     # device captures fails "operation not permitted when stream is capturing":
-    # a fresh kernel's load takes the device's capture lock.
+    # a fresh kernel's load waits until other threads' captures there end.
     Wrapped("Triton kernel loads wait for the device's recording",
             (Swap(KERNEL_LOAD, LOAD, (("waiting", lambda: recording_on),),
                   params=("self",)),),

@@ -10,13 +10,14 @@ from ._core import RLock, block_mask_lock, fx_tracing, is_fx_symbolic_tracing, i
 from ._install import __version__, install, is_installed, preview, status, uninstall
 from .machinery.originals import get_original, is_object_patched
 from .torch_support.config import ConfigSnapshot, config_snapshot
+from .torch_support.cuda_thread import cuda_graph_thread
 from .torch_support.facts import UnsupportedTorchError
 
 __all__ = [
     "install", "uninstall", "is_installed", "status", "preview", "is_fx_tracing",
     "is_fx_symbolic_tracing", "fx_tracing", "block_mask_lock", "create_block_mask", "RLock",
     "UnsupportedTorchError", "get_original", "is_object_patched", "config_snapshot",
-    "ConfigSnapshot", "__version__",
+    "ConfigSnapshot", "cuda_graph_thread", "__version__",
 ]
 
 _interpreter.watch()  # free-threaded builds: note which later imports turn the GIL on

@@ -184,8 +184,8 @@ class ThreadStreams:
             "fxguard: thread %r runs CUDA graphs on cuda:%d's default stream beside other "
             "threads' CUDA graphs: threads on one stream share the caching allocator's free "
             "blocks, so their backwards re-record every step. Give each such thread a stream "
-            "of its own around its whole loop: `with fxguard.torch_support.cuda_thread."
-            "cuda_graph_thread(device):` (a stream, backwards in turn) or `with "
+            "of its own around its whole loop: `with fxguard.cuda_graph_thread(device):` "
+            "(a stream, backwards in turn) or `with "
             "torch.cuda.stream(torch.cuda.Stream()):` (docs/cuda-graphs.md)",
             threading.current_thread().name, device)
 

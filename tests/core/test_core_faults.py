@@ -168,7 +168,7 @@ def test_an_entered_fx_tracing_object_that_outlives_its_thread_still_exits_clean
 
 NO_ARGUMENT_FUNCTIONS = ["is_fx_tracing", "is_fx_symbolic_tracing", "_tracing_records",
                          "_thread_values", "_stash_steals", "_mode", "_carried_context",
-                         "_publish_record"]
+                         "_publish_record", "_current_frames"]
 
 
 @pytest.mark.parametrize("name", NO_ARGUMENT_FUNCTIONS)

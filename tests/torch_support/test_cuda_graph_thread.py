@@ -77,11 +77,15 @@ def test_a_waiter_interrupted_gives_its_turn_up():
             threading.Event().wait(0.001)
         signal.pthread_kill(main, signal.SIGINT)
     k = threading.Thread(target=interrupt_main_when_both_wait)
-    k.start()
-    with pytest.raises(KeyboardInterrupt):
-        with turns:
-            pass
-    holder_out.set()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # whatever ran before
+    try:
+        k.start()
+        with pytest.raises(KeyboardInterrupt):
+            with turns:
+                pass
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        holder_out.set()
     finish(a, k)
     assert served.wait(60), "the thread after the interrupted one was never served"
     finish(c)

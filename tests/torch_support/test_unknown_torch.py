@@ -76,7 +76,7 @@ def _with_a_new_writer(monkeypatch, name):
 
     def attribute_writes(root, marker, names):
         found = dict(real(root, marker, names))
-        found[name] = found.get(name, ()) + (("_new_release.py", 7, ("new_writer",)),)
+        found[name] = found.get(name, ()) + (("_new_release.py", 7, (("def", "new_writer"),)),)
         return found
 
     monkeypatch.setattr(writers, "attribute_writes", attribute_writes)

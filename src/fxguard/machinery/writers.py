@@ -122,4 +122,6 @@ def unlisted(writes: tuple[Write, ...], listed: set[str], package: str) -> list[
 
 def _is_writes(value: object) -> bool:
     return isinstance(value, dict) and all(
-        isinstance(k, str) and isinstance(v, tuple) for k, v in value.items())
+        isinstance(k, str) and isinstance(v, tuple) and all(
+            len(w) == 3 and all(isinstance(s, tuple) and len(s) == 2 for s in w[2]) for w in v)
+        for k, v in value.items())

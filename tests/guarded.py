@@ -250,3 +250,17 @@ def apply(changes) -> None:
     """Apply planned changes (machinery tests: no other thread runs the code)."""
     from fxguard.machinery import originals
     originals.apply_all(changes, lambda codes: None)
+
+
+def run_test_in_child(test_file: str, test_id: str, flag: str, timeout: float = 1800) -> None:
+    """Run ``test_file::test_id`` in a child interpreter with ``flag``=1 set (the
+    test skips without it): for tests that leave torch changed in their process."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         f"{os.path.abspath(test_file)}::{test_id}"],
+        cwd=root, env=child_env(**{flag: "1"}), capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0 and " passed" in out.stdout, out.stdout[-6000:] + out.stderr[-2000:]

@@ -253,17 +253,8 @@ def test_an_exception_at_every_line_leaves_the_function_working():
     """In a child interpreter: what an interrupt inside torch's own code leaves
     (a dispatch mode pushed, anomaly mode on, a trace's Dispatch wrappers) must
     not reach the tests after this one."""
-    import os
-    import subprocess
-    import sys
-    from guarded import child_env
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         f"{os.path.abspath(__file__)}::test_every_line_in_this_process"],
-        cwd=root, env=child_env(FXGUARD_TEST_FAULTS_HERE="1"), capture_output=True, text=True,
-        timeout=1800)
-    assert out.returncode == 0 and " passed" in out.stdout, out.stdout[-6000:] + out.stderr[-2000:]
+    from guarded import run_test_in_child
+    run_test_in_child(__file__, "test_every_line_in_this_process", "FXGUARD_TEST_FAULTS_HERE")
 
 
 @pytest.mark.skipif(not __import__("os").environ.get("FXGUARD_TEST_FAULTS_HERE"),

@@ -273,16 +273,9 @@ def test_reload_while_threads_are_inside(module):
     """In a child interpreter: a reload leaves this process's torch changed for
     the tests after it (dynamo's rules keep the old function objects, so
     torch.compiler.is_compiling read in compiled code is no longer folded)."""
-    import os
-    import subprocess
-    from guarded import child_env
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         f"{os.path.abspath(__file__)}::test_reload_in_this_process[{module}]"],
-        cwd=root, env=child_env(FXGUARD_TEST_RELOAD_HERE="1"), capture_output=True, text=True,
-        timeout=900)
-    assert out.returncode == 0 and " passed" in out.stdout, out.stdout[-4000:] + out.stderr[-2000:]
+    from guarded import run_test_in_child
+    run_test_in_child(__file__, f"test_reload_in_this_process[{module}]",
+                      "FXGUARD_TEST_RELOAD_HERE", timeout=900)
 
 
 @pytest.mark.skipif(not __import__("os").environ.get("FXGUARD_TEST_RELOAD_HERE"),

@@ -17,6 +17,7 @@ import gc
 import itertools
 import queue
 import threading
+import types
 
 import pytest
 
@@ -77,13 +78,17 @@ def in_new_thread(fn):
     return box[0]
 
 
+def _template(x):
+    return torch.sin(x) * 3 + x
+
+
 def fresh_function():
-    """A function with a code object of its own: its first call really compiles."""
+    """A function with a code object of its own: its first call really compiles.
+    Made from a function of this file (dynamo on 3.13 keeps no cache entry for
+    code exec'd from a string)."""
     n = next(_ids)
-    namespace = {"torch": torch}
-    exec(compile(f"def f{n}(x):\n    return torch.sin(x) * {n % 7 + 2} + x\n",
-                 f"<fault case {n}>", "exec"), namespace)
-    return namespace[f"f{n}"]
+    code = _template.__code__.replace(co_name=f"f{n}")
+    return types.FunctionType(code, _template.__globals__, f"f{n}")
 
 
 def cache_entries(fn) -> int:

@@ -38,14 +38,27 @@ def main_thread_compiles_first():
 
 @pytest.fixture(autouse=True)
 def clean_torch():
-    """Every test starts and ends with stock torch and a False flag."""
+    """Every test starts and ends with stock torch and a False flag, and dynamo's
+    config as it found it (stock's overlapping config windows leave theirs)."""
     fxguard.uninstall()
+    config = _dynamo_config()
+    before = config.get_config_copy() if config is not None else None
     yield
     fxguard.uninstall()
     import sys
     if "torch" in sys.modules:
         from fxguard.demos import races
         races.reset_stock_leftovers()
+    if before is not None:
+        for name, value in config.get_config_copy().items():
+            if name in before and before[name] != value:
+                setattr(config, name, before[name])
+
+
+def _dynamo_config():
+    import sys
+    module = sys.modules.get("torch._dynamo.config")
+    return module if module is not None and hasattr(module, "get_config_copy") else None
 
 
 @pytest.fixture

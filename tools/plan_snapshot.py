@@ -55,7 +55,10 @@ def snapshot(options: dict) -> dict:
 def main() -> None:
     import logging
     logging.disable(logging.WARNING)
-    from fxguard.torch_support.rows import Options
+    try:
+        from fxguard.torch_support.options import Options
+    except ImportError:  # before options.py
+        from fxguard.torch_support.rows import Options
     defaults = dataclasses.asdict(Options())
     sets = {"defaults": {}}
     for name, value in defaults.items():

@@ -16,10 +16,12 @@ def table() -> str:
     """A line per status row of every row in rows.ROWS, with the option it follows."""
     from fxguard.machinery.changes import Outcome
     from fxguard.torch_support import rows
+    from fxguard.torch_support.options import OFF_BY_DEFAULT
     out = ["| what | where | option |", "| --- | --- | --- |"]
     for row in rows.ROWS:
-        shown = "always" if row.option is None else \
-            f"`{row.option}` ({'off' if row.option in rows.OFF_BY_DEFAULT else 'on'})"
+        name = None if row.option is None else row.option.value
+        shown = "always" if name is None else \
+            f"`{name}` ({'off' if name in OFF_BY_DEFAULT else 'on'})"
         out += [f"| {r.what} | `{r.where}` | {shown} |" for r in row.report(Outcome.PATCHED)]
     return "\n".join(out)
 

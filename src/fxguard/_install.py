@@ -11,13 +11,13 @@ import sys
 import threading
 import time
 import types
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from . import _core, interpreter
 from .machinery import code_cache, codegen, import_watch, originals, per_thread_globals, settle
 from .machinery.changes import Outcome, Row
-from .torch_support.rows import OPTIONS, Options
+from .torch_support.options import OPTIONS, Option, Options
 
 __version__ = "0.1.0"
 
@@ -29,15 +29,15 @@ _lock = threading.Lock()      # install/uninstall are rare: a plain lock suffice
 
 @dataclass(frozen=True)
 class Installed:
-    layout: str
     options: Options
-    rows: list[Row]
     workers: str
     code_cache: dict[str, Any]
-    concurrent: list[Row]
-    compile_once: Any  # torch_support.compile_once.CompileOnce, or None
     facts: Any         # torch_support.facts.TorchFacts
-    later: Any         # torch_support.prepare.Later: the rows waiting for their module
+    later: Any         # torch_support.prepare.Later: every row's status, what waits, what rows provided
+
+    @property
+    def rows(self) -> list[Row]:
+        return self.later.rows
 
 
 _installed: Installed | None = None
@@ -117,35 +117,49 @@ def _install_locked(chosen: Options) -> dict:
     if _installed is not None:
         _uninstall_locked(core_off=False)  # the same slots: threads keep their records
     try:
-        facts, prepared = _prepare(chosen)  # raises before touching torch
+        facts, plan = _prepare(chosen)  # raises before touching torch
+        workers = _apply(plan, facts.layout)
     except BaseException:
-        _sweep_locked()  # the core goes off with nothing installed
-        raise
-    mark = len(originals.applied())
-    for register in prepared.up_front:  # what torch itself would do lazily, never undone
-        register()
-    try:
-        # The core first: rewritten code reads its slots as soon as it is live.
-        carried, workers = _configure_core(facts.layout, prepared.defaults,
-                                           prepared.carry_context)
-        originals.apply_all(prepared.changes, settle.live, settle.names_in_use)
-        for module, name, value in prepared.initial:  # this thread keeps what it had
-            setattr(vars(module)[codegen.TLS], name, value)
-        if carried:  # records go to torch's thread-locals
-            _wait_for_exiting_threads_at_exit()
-    except BaseException:
-        originals.revert_all(down_to=mark)
         _installed = None
         _sweep_locked()  # the core goes off unless uninstall() left names for frames
         raise
-    _installed = Installed(facts.layout, chosen, prepared.rows, workers,
-                           dict(code_cache.last), prepared.concurrent, prepared.compile_once,
-                           facts, prepared.later)
-    _watch(prepared.later)
+    _installed = Installed(chosen, workers, dict(code_cache.last), facts, plan.later)
+    _watch(plan.later)
     _log_installed(_installed.rows)
     _catch_up_locked()  # a module imported by another thread while this one planned
     _sweep_later()
     return status()
+
+
+def _apply(plan: Any, layout: str | None = None) -> str:
+    """The one path that installs a Plan: its up-front calls, the C core
+    configured for its slots (``layout``: a first install) or grown by them
+    (rows applied on import), its changes, the installing thread's values.
+    All or nothing: on any failure what it changed is reverted, and it raises.
+    Returns how records reach autograd workers (status()'s autograd_workers)."""
+    mark = len(originals.applied())
+    for register in plan.up_front:  # what torch itself would do lazily, never undone
+        register()
+    try:
+        # The core first: rewritten code reads its slots as soon as it is live.
+        if layout is not None:
+            carried, workers = _configure_core(layout, plan.defaults, plan.carry_context)
+        else:
+            if plan.carry_context and not _core_config[3]:
+                raise RuntimeError("a row applied on import carries the thread's Context, "
+                                   "which the core was configured without")
+            _core._extend_layout(*plan.defaults)
+            _extended(plan.defaults)
+            carried, workers = False, ""
+        originals.apply_all(plan.changes, settle.live, settle.names_in_use)
+        for module, name, value in plan.initial:  # this thread keeps what it had
+            setattr(vars(module)[codegen.TLS], name, value)
+        if carried:  # records go to torch's thread-locals
+            _wait_for_exiting_threads_at_exit()
+    except BaseException:
+        originals.revert_all(settle.live, settle.names_in_use, _stand_in, down_to=mark)
+        raise
+    return workers
 
 
 def _prepare(chosen: Options, later: Any = None) -> tuple[Any, Any]:
@@ -239,50 +253,21 @@ def _imported_meanwhile(modules: Any) -> bool:
 def _apply_waiting_locked() -> None:
     """Never raises into the import, except an interrupt: a failure stands the
     rows down (logged) and leaves what was applied before."""
-    global _installed
-    was = _installed
-    mark = len(originals.applied())
+    later = _installed.later
+    waiting, before = sorted(later.waiting), later.checkpoint()
     try:
-        _, prepared = _prepare(was.options, was.later)
-        _core._extend_layout(*prepared.defaults)
-        _extended(prepared.defaults)
-        originals.apply_all(prepared.changes, settle.live, settle.names_in_use)
-        for module, name, value in prepared.initial:  # this thread keeps what it had
-            setattr(vars(module)[codegen.TLS], name, value)
+        _, plan = _prepare(_installed.options, later)
+        _apply(plan)
     except BaseException as e:
-        originals.revert_all(settle.live, settle.names_in_use, _stand_in, down_to=mark)
         log.error("fxguard: could not apply the rows waiting for %s (%s: %s); they stand "
-                  "down", ", ".join(sorted(was.later.waiting)), type(e).__name__, e)
-        _installed = _merged(was, None)
-        _watch(_installed.later)
+                  "down", ", ".join(waiting), type(e).__name__, e)
+        later.stand_down(before, "applying it on import of {} failed")
+        _watch(later)
         if not isinstance(e, Exception):
             raise
         return
-    _installed = _merged(was, prepared)
-    _watch(_installed.later)
-    _log_installed([r for r in _installed.rows if r not in was.rows], later=True)
-
-
-def _merged(was: Installed, prepared: Any) -> Installed:
-    """The installed rows with the waiting ones replaced by their new outcome
-    (NOT_COVERED for all of them where applying failed)."""
-    if prepared is None:
-        failed = [r for r in was.rows if r.outcome is Outcome.WAITING]
-        was.later.waiting = {}
-        new = {(r.what, r.where): [replace(r, outcome=Outcome.NOT_COVERED,
-                                           detail=f"applying it on import of {r.detail} failed")]
-               for r in failed}
-    else:
-        new = {}
-        for row in prepared.rows:
-            new.setdefault((row.what, row.where), []).append(row)
-    rows = [n for r in was.rows for n in (new.pop((r.what, r.where), [r])
-                                          if r.outcome is Outcome.WAITING else [r])]
-    rows += [r for more in new.values() for r in more]  # fast-reader rows of new globals
-    concurrent = [next((n for n in rows if (n.what, n.where) == (r.what, r.where)), r)
-                  for r in was.concurrent]
-    once = was.compile_once or (prepared.compile_once if prepared is not None else None)
-    return replace(was, rows=rows, concurrent=concurrent, compile_once=once)
+    _watch(later)
+    _log_installed(plan.rows, later=True)
 
 
 def _chosen(who: str = "install", **options: Any) -> Options:
@@ -292,7 +277,7 @@ def _chosen(who: str = "install", **options: Any) -> Options:
         raise TypeError(f"{who}() got an unexpected keyword argument {unknown[0]!r}")
     chosen = Options(**options)
     for name in OPTIONS:
-        value = chosen[name]
+        value = getattr(chosen, name)
         if type(value) is not bool:  # 1, 0.0, "no", numpy.bool_: say so, do not guess
             raise TypeError(f"{who}(): {name} must be True or False, not {value!r}")
     return chosen
@@ -401,15 +386,15 @@ def preview(**options: bool) -> dict:
     with _lock:
         if _installed is not None:
             return {**status(), "preview": False}
-        facts, prepared = _prepare(chosen)
+        facts, plan = _prepare(chosen)
     mode, hooks = _core_hooks(facts.layout)
     return {**status(), "mode": _MODES[mode], "layout": facts.layout, "options": asdict(chosen),
-            "patch_points": [r.as_dict() for r in prepared.rows],
+            "patch_points": [r.as_dict() for r in plan.rows],
             "autograd_workers": _workers(mode, hooks)[1],
-            "concurrent_compiles": _concurrent_status(chosen, prepared.concurrent, facts),
+            "concurrent_compiles": _concurrent_status(chosen, plan.later, facts),
             "code_cache": dict(code_cache.last), "preview": True,
             "waiting": {module: [r.where for r in rows]
-                        for module, rows in sorted(prepared.later.waiting.items())},
+                        for module, rows in sorted(plan.later.waiting.items())},
             "note": "what install() would do on this torch; nothing was changed"}
 
 
@@ -521,22 +506,24 @@ def status() -> dict:
         "interpreter": interpreter.report(),
     }
     if _installed is not None:
-        info.update(layout=_installed.layout, options=asdict(_installed.options),
+        info.update(layout=_installed.facts.layout, options=asdict(_installed.options),
                     patch_points=[r.as_dict() for r in _installed.rows],
                     autograd_workers=_installed.workers, code_cache=dict(_installed.code_cache),
-                    concurrent_compiles=_concurrent_status(_installed.options,
-                                                           _installed.concurrent, _installed.facts),
+                    concurrent_compiles=_concurrent_status(_installed.options, _installed.later,
+                                                           _installed.facts),
                     waiting={module: [r.where for r in rows]
                              for module, rows in sorted(_installed.later.waiting.items())})
-        if _installed.compile_once is not None:  # {"compiles_avoided": n, "waits": n}
-            info["compile_once"] = _installed.compile_once.counters()
+        once = _installed.later.provided.get("compile_once")
+        if once is not None:  # {"compiles_avoided": n, "waits": n}
+            info["compile_once"] = once.counters()
     return info
 
 
-def _concurrent_status(options: Options, rows: list[Row], found: Any) -> dict[str, Any]:
+def _concurrent_status(options: Options, later: Any, found: Any) -> dict[str, Any]:
     """Option concurrent_compiles: on or off, whether its stress suite was run on
     this torch (``found``: its TorchFacts), and which of its rows apply here."""
     from .torch_support import facts
+    rows = later.option_rows(Option.CONCURRENT_COMPILES)
     on = options.concurrent_compiles
     return {"enabled": on, "stress_tested": facts.concurrent_compiles_stress_tested(found),
             "tested": facts.concurrent_compiles_tested(found),

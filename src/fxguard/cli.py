@@ -147,7 +147,7 @@ def _option_of_each_row() -> dict[tuple[str, str], str | None]:
     """(what, where) of each status row -> the option its row follows (None: always)."""
     from .machinery.changes import Outcome
     from .torch_support import rows
-    return {(r.what, r.where): row.option
+    return {(r.what, r.where): None if row.option is None else row.option.value
             for row in rows.ROWS for r in row.report(Outcome.PATCHED)}
 
 

@@ -14,7 +14,7 @@ import logging
 import os
 from typing import Mapping
 
-from .torch_support.rows import OPTIONS
+from .torch_support.options import OPTIONS
 
 log = logging.getLogger("fxguard")
 

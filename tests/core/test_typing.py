@@ -6,7 +6,7 @@ import os
 
 import fxguard
 from fxguard import _core
-from fxguard.torch_support.rows import OFF_BY_DEFAULT, OPTIONS
+from fxguard.torch_support.options import OFF_BY_DEFAULT, OPTIONS
 
 STUB = os.path.join(os.path.dirname(fxguard.__file__), "_core.pyi")
 

@@ -133,7 +133,7 @@ def test_a_compile_ended_by_ctrl_c_wakes_its_waiters():
     torch._dynamo.reset()
     state = fxguard.install()
     assert state["compile_once"] is not None
-    gate = fxguard._install._installed.compile_once.gate
+    gate = fxguard._install._installed.later.provided["compile_once"].gate
     f = fresh_function("def f(x):\n    return x * 3\n")
     calls = []
 

@@ -32,6 +32,7 @@ class Row:
     where: str
     outcome: Outcome
     detail: str = ""
+    option: Any = None  # the option its row follows (None: always on); prepare() sets it
 
     @property
     def patched(self) -> bool:
@@ -47,7 +48,8 @@ class Row:
 
     def as_dict(self) -> dict[str, Any]:
         return {"what": self.what, "where": self.where, "reason": self.reason,
-                "outcome": self.outcome.value, "patched": self.patched}
+                "outcome": self.outcome.value, "patched": self.patched,
+                "option": getattr(self.option, "value", self.option)}
 
 
 class NotCovered(RuntimeError):
@@ -56,24 +58,28 @@ class NotCovered(RuntimeError):
 
 @dataclass(frozen=True)
 class Planned:
-    """What planning one row gives: its changes (applied in order) and outcome."""
+    """What planning one row gives: its changes (applied in order), its outcome,
+    and its effects, each typed: nothing reaches install() another way."""
     changes: tuple[Change, ...] | list[Change] = ()
     outcome: Outcome = Outcome.PATCHED
     detail: str = ""
     rows: tuple[Row, ...] = ()   # a group of entries: one status row each, instead of the row's own
     also: tuple[Row, ...] = ()   # rows shown after the row's own (a global's fast readers)
+    up_front: tuple[Callable[[], None], ...] = ()  # run by install() before any change
+    provides: Mapping[str, Any] = field(default_factory=dict)  # values later rows read (needs)
+    carries_context: bool = False  # records note their thread's Context
 
 
-@dataclass
+@dataclass(frozen=True)
 class Context:
-    """What rows are planned with, and what they hand on to install()."""
+    """What rows are planned with: the library, the options, the per-thread
+    globals' planner (what the other rows wrap is the code it leaves), every
+    writer of a per-thread name, and what earlier rows provided."""
     facts: Any                                  # what the library and Python are
-    options: Mapping[str, bool]                 # install()'s options, by name
+    options: Any                                # install()'s options (options.Options)
     planner: Any                                # per_thread_globals.Planner
     writes: Mapping[str, tuple] = field(default_factory=dict)  # writers of per-thread names
-    up_front: list[Callable[[], None]] = field(default_factory=list)  # before any change
-    carry_context: bool = False                 # records note their thread's Context
-    compile_once: Any = None                    # the compile-once row's state, where patched
+    provided: Mapping[str, Any] = field(default_factory=dict)  # read-only: earlier rows' provides
 
     def code_for(self, fn: Any) -> Any:
         """fn's code as the per-thread globals leave it (what a wrapper runs as inner)."""
@@ -84,14 +90,18 @@ class RowKind:
     """What prepare() asks of every kind of row: ``what`` and ``where`` (shown
     in status()), ``option`` (None: always on), ``needed(facts)`` (None, or
     (outcome, detail): why this library needs no change), ``required`` (not
-    covered means the library is unsupported), ``carries_context``,
-    ``plan(ctx) -> Planned`` (NotCovered: the row stands down), and
-    ``report(outcome, detail)``: its status rows.  A kind is a frozen dataclass
-    inheriting this; its fields may override the defaults below (``what`` and
-    ``where`` it must give: a dataclass would take a default here for theirs)."""
-    option: str | None = None
+    covered means the library is unsupported), ``provides`` and ``needs``
+    (names of values a row hands to later rows through Planned.provides, read
+    as ``ctx.provided``: a row needing one comes after the row providing it,
+    checked by prepare()), ``plan(ctx) -> Planned`` (NotCovered: the row stands
+    down), and ``report(outcome, detail)``: its status rows.  A kind is a
+    frozen dataclass inheriting this; its fields may override the defaults
+    below (``what`` and ``where`` it must give: a dataclass would take a
+    default here for theirs)."""
+    option: Any = None
     required = False
-    carries_context = False
+    provides: tuple[str, ...] = ()
+    needs: tuple[str, ...] = ()
 
     @staticmethod
     def needed(facts: Any) -> tuple[Outcome, str] | None:

@@ -19,7 +19,7 @@ class ConfigDefault(RowKind):
     what: str
     where: str                    # 'pkg.config_module.entry'
     value: Any
-    option: str | None = None
+    option: Any = None  # the option it follows (None: always on)
     missing: tuple[Outcome, str] = (Outcome.NOT_AVAILABLE, "")  # where the entry is absent
 
     def plan(self, ctx: Context) -> Planned:

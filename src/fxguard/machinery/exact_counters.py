@@ -22,6 +22,7 @@ import collections
 import functools
 import operator
 from dataclasses import dataclass
+from typing import Any
 
 from . import originals
 from .changes import Change, Context, Outcome, Planned, RowKind
@@ -41,7 +42,7 @@ class ExactCounter(collections.Counter):
 class ExactCounters(RowKind):
     """A defaultdict(Counter) whose ``+= 1`` steps stay exact under threads."""
     where: str
-    option: str | None = None
+    option: Any = None  # the option it follows (None: always on)
     what = "exact counters"
 
     def plan(self, ctx: Context) -> Planned:

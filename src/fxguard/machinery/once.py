@@ -38,7 +38,7 @@ class Once:
 class Onces(GroupKind):
     """One-time set-up functions, planned together (one lock)."""
     entries: tuple[Once, ...]
-    option: str | None = None
+    option: Any = None  # the option it follows (None: always on)
     what = "once-lock"
 
     def plan_entries(self, ctx: Context) -> tuple[list[Change], list[tuple[Once, Outcome, str]]]:

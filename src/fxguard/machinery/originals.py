@@ -238,5 +238,10 @@ def get_original(owner: object, attr: str) -> Any:
     return value
 
 
+def changed_by(owner: object, attr: str) -> set[str]:
+    """The labels (rows) of the changes in place to ``owner.attr``."""
+    return {p.label for p in tuple(_applied) if p.owner is owner and p.attr == attr}
+
+
 def is_object_patched(owner: object, attr: str | None = None) -> bool:
     return any(p.owner is owner and (attr is None or p.attr == attr) for p in _applied)

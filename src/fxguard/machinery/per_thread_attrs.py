@@ -54,7 +54,7 @@ class ClassAttrs(GroupKind):
     """Class attributes made per thread, planned together (one function may
     write several)."""
     entries: tuple[ClassAttr, ...]
-    option: str | None = None
+    option: Any = None  # the option it follows (None: always on)
     what = "per-thread class attribute"
 
     def plan_entries(self, ctx: Context) -> tuple[list[Change], list[tuple[ClassAttr, Outcome, str]]]:
@@ -65,7 +65,7 @@ class ClassAttrs(GroupKind):
 class InstanceAttr(RowKind):
     where: str                         # 'pkg.mod.singleton.attr'
     factory: Callable[[], Any] = lambda: None  # each thread's initial value
-    option: str | None = None
+    option: Any = None  # the option it follows (None: always on)
     what = "per-thread instance attribute"
 
     def plan(self, ctx: Context) -> Planned:

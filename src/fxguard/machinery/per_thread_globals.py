@@ -87,7 +87,7 @@ class PerThread(RowKind):
     aliases: tuple[str, ...] = ()        # modules whose functions read a ``from module import name``
     flag: bool = False                   # kept in the record's C flag (the FX-tracing flag)
     readers: tuple[FastReader, ...] = ()  # functions of the module answered in C (see above)
-    option: str | None = None
+    option: Any = None  # the option it follows (None: always on)
     needed: Callable[[Any], tuple[Outcome, str] | None] = RowKind.needed
 
     @property

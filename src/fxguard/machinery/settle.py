@@ -24,7 +24,6 @@ from __future__ import annotations
 import dis
 import gc
 import inspect
-import sys
 import threading
 import types
 from typing import Iterable

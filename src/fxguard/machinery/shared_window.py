@@ -30,7 +30,7 @@ VIEW = "__fxguard_windows__"  # what the rewritten functions call through, in th
 class SharedWindow(RowKind):
     target: str                  # 'pkg.mod.context_manager', as the call sites spell it
     used_in: tuple[str, ...]     # 'pkg.mod.function' calling it (closures made there included)
-    option: str | None = None
+    option: Any = None  # the option it follows (None: always on)
     what = "shared window"
 
     @property

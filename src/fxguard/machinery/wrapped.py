@@ -33,11 +33,11 @@ class Wrapped(RowKind):
     swaps: tuple[Swap, ...]       # the first names the row and is put in place last
     # None if this library needs the row, else (outcome, detail) saying why not
     needed: Callable[[Any], tuple[Outcome, str] | None] = RowKind.needed
-    option: str | None = None
+    option: Any = None
     # (config module, entry names): entries whose user_override the window keeps per thread
     windowed: tuple[str, tuple[str, ...]] | None = None
     carries_context: bool = False  # patched: records note their thread's Context
-    when_planned: Callable[[], None] | None = None  # run once the row is planned patched
+    up_front: Callable[[], None] | None = None  # run by install() before it changes anything
     guards: tuple[str, ...] = ()  # 'pkg.mod.name' of the state its lock guards (for surveys)
 
     @property
@@ -59,9 +59,8 @@ class Wrapped(RowKind):
         overlays = self._overlays()
         if isinstance(overlays, Planned):  # the row stands down
             return overlays
-        if self.when_planned is not None:
-            self.when_planned()
-        return Planned(overlays + made)
+        return Planned(overlays + made, carries_context=self.carries_context,
+                       up_front=(self.up_front,) if self.up_front is not None else ())
 
     def _overlays(self) -> list[Change] | Planned:
         """Changes making the windowed config entries honour overlay.window(),

@@ -6,6 +6,7 @@ import importlib
 import threading
 import types
 from dataclasses import dataclass
+from typing import Any
 
 from ..machinery import codegen, compile_gate, overlay, shared_lock
 from ..machinery.changes import Change, Context, Outcome, Planned, Row, RowKind
@@ -31,7 +32,8 @@ class SharedLockRow(RowKind):
     per_code_held: str
     window_held: str
     config_modules: tuple[str, ...]
-    option: str | None = None
+    option: Any = None
+    needs = ("compile_once",)  # where compile once is patched, it keys compiles per code
 
     def report(self, outcome: Outcome, detail: str = "") -> list[Row]:
         return [Row(self.what, self.where, outcome, detail),
@@ -46,7 +48,7 @@ class SharedLockRow(RowKind):
             return Planned(rows=(Row(self.what, self.where, Outcome.NOT_COVERED,
                                      f"{name} is a {type(current).__name__}, not the RLock "
                                      "fxguard knows"),))
-        per_code = ctx.compile_once is None
+        per_code = ctx.provided.get("compile_once") is None
         functions = [plain_function(where) for where in self.shared_in]
         if None in functions or per_code and any(  # per_code_held reads the frame argument
                 "frame" not in fn.__code__.co_varnames[:fn.__code__.co_argcount]

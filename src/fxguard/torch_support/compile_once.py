@@ -114,10 +114,11 @@ class _Torch:
 
 @dataclasses.dataclass(frozen=True)
 class CompileOnceRow(RowKind):
-    """The row: its state (counters) goes to ctx.compile_once where patched."""
+    """The row: it provides its state (counters) to later rows where patched."""
     where: str
-    option: str | None = None
+    option: Any = None
     what = LABEL
+    provides = ("compile_once",)
 
     @staticmethod
     def needed(facts: Any) -> tuple[Outcome, str] | None:
@@ -137,8 +138,7 @@ class CompileOnceRow(RowKind):
             return Planned(outcome=Outcome.NOT_COVERED, detail=f"{e}; dynamo's callback runs as stock")
         except NotAvailable as e:
             return Planned(outcome=Outcome.NOT_AVAILABLE, detail=f"{e.where} ({e})")
-        ctx.compile_once = state
-        return Planned(made)
+        return Planned(made, provides={"compile_once": state})
 
 
 def changes(state: CompileOnce) -> list[Change]:

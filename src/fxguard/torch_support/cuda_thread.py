@@ -22,6 +22,7 @@ from typing import Any, Iterator
 
 from ..machinery.changes import Outcome
 from ..machinery.wrapped import Swap, Wrapped, plain_function
+from .options import Option
 
 
 class Turns:
@@ -154,5 +155,5 @@ ROWS = (
     Wrapped("backwards in turn in cuda_graph_thread()",
             (Swap(BACKWARD, IN_TURN,
                   (("turns", lambda: device_turns),)),),
-            turns_needed, option="cuda_graphs_per_thread"),
+            turns_needed, option=Option.CUDA_GRAPHS_PER_THREAD),
 )

@@ -38,7 +38,7 @@ import types
 import weakref
 from typing import Any, Callable
 
-from .cudagraphs import OPTION, TREES, capture_locks, lane_getter, live_managers, stood_down
+from .cudagraphs import OPTION, TREES, lane_getter, live_managers, stood_down
 from ..machinery.changes import Outcome
 from ..machinery.wrapped import Swap, Wrapped, plain_function
 

@@ -30,13 +30,15 @@ from typing import Any, Callable
 from ..machinery import originals, rewrite
 from ..machinery.changes import Outcome
 from ..machinery.wrapped import Swap, Wrapped, plain_function
+from .options import Option
 
 TREES = "torch._inductor.cudagraph_trees"
 MANAGER = f"{TREES}.CUDAGraphTreeManager"
 CUDAGRAPHIFY = "torch._inductor.compile_fx.cudagraphify"
+CALLABLE_ROW = "CUDA-graph callable per thread"
 TAGGING = "torch._dynamo.mutation_guard.install_generation_tagging_init"
 LANE_KEY = "fxguard_cudagraph_lane"
-OPTION = "cuda_graphs_per_thread"
+OPTION = Option.CUDA_GRAPHS_PER_THREAD
 
 
 class Lane:
@@ -153,7 +155,7 @@ def callable_per_thread_in_place() -> bool:
     """Whether cudagraphify hands out per-thread callables now (compile once may
     then share a CUDA-graph compile)."""
     fn = plain_function(CUDAGRAPHIFY) if _imported("torch._inductor.compile_fx") else None
-    return fn is not None and "__fxguard_cudagraphify__" in fn.__code__.co_names
+    return fn is not None and CALLABLE_ROW in originals.changed_by(fn, "__code__")
 
 
 def _imported(name: str) -> bool:
@@ -400,7 +402,7 @@ def steps_needed(_facts: Any) -> tuple[Outcome, str] | None:
 
 
 ROWS = (
-    Wrapped("CUDA-graph callable per thread",
+    Wrapped(CALLABLE_ROW,
             (Swap(CUDAGRAPHIFY, PER_THREAD_CALLABLE,
                   (("per_thread", lambda: per_thread), LANE)),),
             callable_needed, option=OPTION),

@@ -37,9 +37,8 @@ class DeviceGuardUpFront(RowKind):
 
     def plan(self, ctx: Context) -> Planned:
         row, register = plan()
-        if register is not None:
-            ctx.up_front.append(register)
-        return Planned(outcome=row.outcome, detail=row.detail)
+        return Planned(outcome=row.outcome, detail=row.detail,
+                       up_front=(register,) if register is not None else ())
 
 
 def plan() -> tuple[Row, Callable[[], None] | None]:

@@ -26,10 +26,8 @@ torch (facts.py) into changes, without changing anything.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import importlib
 import threading
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from .. import _core
@@ -53,25 +51,8 @@ from .compile_lock import SharedLockRow
 from .compile_once import CompileOnceRow
 from .device_guard import DeviceGuardUpFront
 from .facts import FLAG, FLAG_MODULE, MODULE_GLOBAL, TorchFacts
+from .options import Option
 
-@dataclass(frozen=True)
-class Options:
-    """install()'s options (each documented there); a row names the one it follows."""
-    block_mask_lock: bool = True
-    config_window_lock: bool = True
-    eager_backward: bool = True
-    config_follows_thread: bool = True
-    compile_once: bool = True
-    concurrent_compiles: bool = False
-    rng_not_rewound: bool = True
-    cuda_graphs_per_thread: bool = True
-
-    def __getitem__(self, name: str) -> bool:
-        return getattr(self, name)
-
-
-OPTIONS = tuple(f.name for f in dataclasses.fields(Options))
-OFF_BY_DEFAULT = tuple(f.name for f in dataclasses.fields(Options) if not f.default)
 
 
 def _flag_needed(facts: TorchFacts) -> tuple[Outcome, str] | None:
@@ -301,25 +282,25 @@ WRAPPED: tuple[Wrapped, ...] = (
     Wrapped("config window per thread",
             (Swap("torch._higher_order_ops.utils._set_compilation_env", CONFIG_WINDOW,
                   (("window", lambda: overlay.window),)),),
-            _config_process_wide, option="config_window_lock", windowed=WINDOW_CONFIG),
+            _config_process_wide, option=Option.CONFIG_WINDOW_LOCK, windowed=WINDOW_CONFIG),
     Wrapped("torch.compile options per thread",
             (Swap(_compile_options.WHERE, _compile_options.BODY,
                   (("patched_copy", lambda: _compile_options.patched_copy),), params=("config_patches",)),),
-            _compile_options.needed, option="config_window_lock"),
+            _compile_options.needed, option=Option.CONFIG_WINDOW_LOCK),
     Wrapped("block-mask lock",
             (Swap("torch.nn.attention.flex_attention.create_block_mask", BLOCK_MASK,
                   (DYNAMO, ("block_mask_lock", lambda: _core.block_mask_lock)),
                   params=("_compile",)),),
-            option="block_mask_lock"),
+            option=Option.BLOCK_MASK_LOCK),
     Wrapped("config in autograd workers",
             (Swap("torch.autograd.function.BackwardCFunction.apply", WORKER_CONFIG,
                   (DYNAMO, ("carried_context", lambda: _core._carried_context),
                    ("run_with_config_of", _config("run_with_config_of")))),),
-            _config_lost_by_threads, option="config_follows_thread"),
+            _config_lost_by_threads, option=Option.CONFIG_FOLLOWS_THREAD),
     Wrapped("record before backward",
             (Swap("torch.autograd.graph._engine_run_backward", PUBLISH_BEFORE_BACKWARD,
                   (DYNAMO, ("publish_record", lambda: _core._publish_record))),),
-            _config_lost_by_threads, option="config_follows_thread", carries_context=True),
+            _config_lost_by_threads, option=Option.CONFIG_FOLLOWS_THREAD, carries_context=True),
     # Graph.python_code points every node's _repr_fn at its own namespace for the
     # length of the call and puts back what it found: two threads generating one
     # graph's code at once (the first calls of a fresh lazy GraphModule, which
@@ -350,7 +331,7 @@ WRAPPED += (
             tuple(Swap(f"{module}.{verb}_rng_state", body, (DYNAMO,) + _rng.helpers(generator))
                   for module, generator in (("torch.random", "cpu"), ("torch.cuda.random", "cuda"))
                   for verb, body in (("set", RESTORE_RNG), ("get", SAVE_RNG))),
-            _rng.needed, option="rng_not_rewound"),
+            _rng.needed, option=Option.RNG_NOT_REWOUND),
 )
 
 # After CONFIG_DEFAULTS in status(): new threads start with their starter's config.
@@ -363,9 +344,9 @@ THREADS: tuple[Wrapped, ...] = (
                   (("enter_thread", _config("enter_thread")),), params=("self",)),
              Swap("torch.utils._config_module.install_config_module", REGISTER_CONFIG_MODULE,
                   (("register", _config("register")),), params=("module",))),
-            _config_lost_by_threads, option="config_follows_thread",
+            _config_lost_by_threads, option=Option.CONFIG_FOLLOWS_THREAD,
             # config modules converted before the hook is in: found by one scan
-            when_planned=lambda: _config("rescan_later")()()),
+            up_front=lambda: _config("rescan_later")()()),
 )
 
 
@@ -375,7 +356,7 @@ CONFIG_DEFAULTS: tuple[ConfigDefault, ...] = (
     # Backward graphs compiled with the forward: the autograd worker never
     # needs compile_lock (the shared-GPU deadlock).
     ConfigDefault("eager backward", "torch._functorch.config.force_non_lazy_backward_lowering",
-                  True, option="eager_backward",
+                  True, option=Option.EAGER_BACKWARD,
                   missing=(Outcome.NOT_COVERED,
                            "this torch has no such switch; a backward first compiled on a GPU's "
                            "autograd worker can deadlock with another thread's compile "
@@ -388,14 +369,14 @@ CONFIG_DEFAULTS: tuple[ConfigDefault, ...] = (
 # Dynamo's callback for a cache miss (and compute_cache_size): a thread that
 # missed while another compiled the same code runs that compile if its guards pass.
 COMPILE_ONCE = CompileOnceRow("torch._dynamo.convert_frame.CatchErrorsWrapper.__call__",
-                              option="compile_once")
+                              option=Option.COMPILE_ONCE)
 
 
 # -- concurrent compiles (option concurrent_compiles, off by default) ----------------
 # What crosses threads once compiles overlap, per torch: tools/compile_globals/FINDINGS.md
 # (tools/compile_globals.py lists and classifies every global the compiler writes).
 
-CONCURRENT = "concurrent_compiles"
+CONCURRENT = Option.CONCURRENT_COMPILES
 
 
 # The callback's whole body holds the lock shared.  One function's compiles

@@ -6,9 +6,7 @@ arguments to every public C function, and a short run of the core stress.
 while another thread holds it, are in test_rlock.py; the same faults inside a real
 torch trace in torch_support/test_torch_faults.py.)
 """
-import ctypes
 import math
-import os
 import subprocess
 import sys
 import textwrap
@@ -18,30 +16,10 @@ from pathlib import Path
 
 import pytest
 from guarded import finish
+from injected_faults import async_raise, exit_code_of_child, needs_fork
 
 import fxguard
 from fxguard import _core
-
-needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork() here")
-
-
-def async_raise(thread, exc):
-    set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
-    set_async_exc.argtypes = (ctypes.c_ulong, ctypes.py_object)
-    assert set_async_exc(thread.ident, exc) == 1
-
-
-def exit_code_of_child(check) -> int:
-    """Fork; the child exits 0 if check() is true, 1 if false, 2 if it raised."""
-    pid = os.fork()
-    if pid == 0:
-        try:
-            code = 0 if check() else 1
-        except BaseException:  # noqa: BLE001 (a child must never return into pytest)
-            code = 2
-        os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
 
 
 def inside_fx_tracing_until(release):

@@ -169,7 +169,7 @@ def test_help_names_every_command(tmp_path):
 
 def test_status_from_a_shell_says_what_install_would_do(tmp_path):
     """A new process has installed nothing: status prints install()'s plan for
-    the installed torch, every row with its reason, and says it changed nothing."""
+    the installed torch, every row with its outcome, and says it changed nothing."""
     import json
     proc = run("-m", "fxguard", "status", "--json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -177,10 +177,11 @@ def test_status_from_a_shell_says_what_install_would_do(tmp_path):
     assert info["preview"] is True and "nothing was changed" in info["note"]
     assert info["torch"] and info["layout"] in ("module-global", "upstream-thread-local")
     assert info["mode"] in ("patched", "upstream-thread-local")
-    assert info["patch_points"] and all(r["reason"] for r in info["patch_points"])
+    assert info["patch_points"] and all(r["outcome"] for r in info["patch_points"])
+    assert all(r["reason"] for r in info["patch_points"])  # shows the reason: the text users read
     assert "torch._dynamo" in info["waiting"]  # the RNG row, and compile once where the GIL is on
     proc = run("-m", "fxguard", "status", "--json", "--options", "block_mask_lock=0", cwd=tmp_path)
-    rows = {r["what"]: r["reason"] for r in json.loads(proc.stdout)["patch_points"]}
+    rows = {r["what"]: r["outcome"] for r in json.loads(proc.stdout)["patch_points"]}
     assert rows["block-mask lock"] == "option off"
     proc = run("-m", "fxguard", "status", "--options", "turbo=1", cwd=tmp_path)
     assert proc.returncode == 2 and "--options: unknown option 'turbo'" in proc.stderr

@@ -215,7 +215,7 @@ def test_install_and_uninstall_put_everything_back():
     from fxguard.torch_support import facts
     release = torch.__version__.split("+")[0]
     assert cc["stress_tested"] is (release in facts.CONCURRENT_COMPILES_STRESSED)
-    rows = {r["where"]: r["reason"] for r in info["patch_points"]}
+    rows = {r["where"]: r["outcome"] for r in info["patch_points"]}
     assert all(rows[w] == "patched" for w in cc["applies"])
 
 
@@ -224,6 +224,6 @@ def test_option_is_off_by_default_and_says_so():
     assert info["options"]["concurrent_compiles"] is False
     assert info["concurrent_compiles"]["enabled"] is False
     assert type(convert_frame.compile_lock) is type(threading.RLock())
-    rows = {r["where"]: r["reason"] for r in info["patch_points"]}
+    rows = {r["where"]: r["outcome"] for r in info["patch_points"]}
     assert rows["torch._dynamo.convert_frame.compile_lock"] == "option off"
     assert rows["torch._dynamo.convert_frame.initial_global_state"] == "option off"

@@ -14,7 +14,8 @@ option takes no lock per code object of its own then.
   same moment.  compile_once without concurrent_compiles: they wait for
   compile_lock one after another (strict xfail).
 - test_compile_once.py's scenarios (guards that differ, recompile_limit, failed
-  compiles) with both options on (their guard-off runs are there).
+  compiles; in compile_once_scenarios.py) with both options on (their guard-off
+  runs are there).
 """
 from __future__ import annotations
 
@@ -23,15 +24,14 @@ import threading
 import pytest
 import torch
 import torch._dynamo.convert_frame as convert_frame
-import test_compile_once as once_tests
 from guarded import ObservedLock, needs_the_gil_for_compile_once, run_together, wait_until
-from test_compile_once import Backend, assert_one_compile_served_all, run_held
+import compile_once_scenarios as scenarios
+from compile_once_scenarios import N, Backend, assert_one_compile_served_all, run_held
 
 import fxguard
 
 pytestmark = needs_the_gil_for_compile_once
 
-N = 3
 HOLD = 120.0  # only against a hang: nothing here depends on speed
 
 
@@ -149,25 +149,20 @@ def test_distinct_graphs_still_compile_at_once(way, monkeypatch):
         torch._dynamo.reset()
 
 
-_VARIANTS = {"dtype": once_tests._variant_dtype, "requires_grad": once_tests._variant_requires_grad,
-             "grad_mode": once_tests._variant_grad_mode,
-             "dynamic_mark": once_tests._variant_dynamic_mark, "backend": "backend"}
 _SCENARIOS = {
-    **{f"guards differ: {k}": (lambda mode, request, v=v: once_tests.test_guards_still_separate(
-        mode, v)) for k, v in _VARIANTS.items()},
-    "recompile_limit": once_tests.test_recompile_limit_not_eaten_by_copies,
-    "failed compile": lambda mode, request: (
-        once_tests.test_failed_compile_each_waiter_compiles_and_sees_its_own_error(mode)),
-    "after a failed compile": lambda mode, request: (
-        once_tests.test_after_a_failed_compile_the_next_one_is_shared(mode)),
+    **{f"guards differ: {name}": (lambda v=v: scenarios.guards_still_separate(v))
+       for name, v in scenarios.VARIANTS.items()},
+    "recompile_limit": scenarios.recompile_limit_not_eaten_by_copies,
+    "failed compile": scenarios.failed_compile_each_waiter_compiles_and_sees_its_own_error,
+    "after a failed compile": scenarios.after_a_failed_compile_the_next_one_is_shared,
 }
 
 
 @pytest.mark.parametrize("scenario", list(_SCENARIOS))
-def test_compile_once_scenarios_with_concurrent_compiles(scenario, request):
+def test_compile_once_scenarios_with_concurrent_compiles(scenario):
     _install("both")
     try:
-        _SCENARIOS[scenario](once_tests.Mode("on"), request)
+        _SCENARIOS[scenario]()
     finally:
         fxguard.uninstall()
         torch._dynamo.reset()

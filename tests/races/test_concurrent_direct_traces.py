@@ -324,12 +324,12 @@ def test_stress_many_threads_trace_and_call(guard):
 
 
 def test_status_rows_and_a_missing_patch_point_is_reported_not_refused(monkeypatch):
-    rows = {r["where"]: r["reason"] for r in fxguard.install()["patch_points"]}
+    rows = {r["where"]: r["outcome"] for r in fxguard.install()["patch_points"]}
     assert rows["torch.fx._symbolic_trace._PatchedFnSetItem"] == "patched"
     assert rows["torch.fx._symbolic_trace.CURRENT_PATCHER"] == "patched"
     assert rows["torch.fx._symbolic_trace.Tracer._qualname_counter"] == "patched"
     fxguard.uninstall()
     monkeypatch.delattr(torch.fx._symbolic_trace, "_autowrap_check")
-    rows = {r["where"]: r["reason"] for r in fxguard.install()["patch_points"]}
-    assert rows["torch.fx._symbolic_trace._PatchedFnSetItem"] == "not available on this torch"
+    rows = {r["where"]: r["outcome"] for r in fxguard.install()["patch_points"]}
+    assert rows["torch.fx._symbolic_trace._PatchedFnSetItem"] == "not available"
     assert type(vars(torch.nn.Module)["__call__"]) is not _core.Dispatch

@@ -38,4 +38,4 @@ def test_force_inline_stays_in_its_thread(way, monkeypatch):
     finally:
         done.set()
         finish(thread, timeout=60)
-    assert result.skipped, result.reason
+    assert result.skipped, result  # dynamo's SkipResult, its reason with it

@@ -150,10 +150,10 @@ def test_python_threads_answer_none(installed):
 
 def test_status_row(installed):
     rows = {r["what"]: r for r in fxguard.status()["patch_points"]}
-    assert rows["config in autograd workers"]["reason"] == "patched"
+    assert rows["config in autograd workers"]["outcome"] == "patched"
     fxguard.install(config_follows_thread=False)
     rows = {r["what"]: r for r in fxguard.status()["patch_points"]}
-    assert rows["config in autograd workers"]["reason"] == "option off"
+    assert rows["config in autograd workers"]["outcome"] == "option off"
 
 
 # -- the device's autograd worker ----------------------------------------------------

@@ -148,7 +148,7 @@ def test_option_on_by_default():
 
 def test_option_off_keeps_stock():
     rows = {r["what"]: r for r in fxguard.install(cuda_graphs_per_thread=False)["patch_points"]}
-    assert rows["CUDA-graph steps per thread"]["reason"] == "option off"
+    assert rows["CUDA-graph steps per thread"]["outcome"] == "option off"
     in_thread(trees.mark_step_begin)
     assert Manager.user_invoked_mark_step()  # stock: the other thread's mark
 
@@ -319,7 +319,7 @@ def test_a_changed_function_stands_the_row_down_with_a_warning(monkeypatch, capl
     monkeypatch.setattr(fn, "__code__", changed_to.__code__)
     with caplog.at_level("WARNING", logger="fxguard"):
         rows = {r["what"]: r for r in fxguard.install(cuda_graphs_per_thread=True)["patch_points"]}
-    assert rows[row]["reason"].startswith("not covered")
+    assert rows[row]["outcome"] == "not covered"
     assert where.rsplit(".", 1)[1] in caplog.text
     assert fn.__code__ is changed_to.__code__
     assert rows["CUDA-graph callable per thread"]["patched"]

@@ -21,7 +21,7 @@ LATER = ("torch._dynamo", "torch.export._trace", "torch.nn.attention.flex_attent
 
 OUTCOMES = """
 def outcomes():
-    return {(p["what"], p["where"]): p["reason"] for p in fxguard.status()["patch_points"]}
+    return {(p["what"], p["where"]): p["outcome"] for p in fxguard.status()["patch_points"]}
 """
 
 
@@ -39,13 +39,13 @@ def test_install_right_after_import_torch_imports_no_torch_module():
         before = set(sys.modules)
         fxguard.install()
         new = sorted(m for m in set(sys.modules) - before if m.startswith("torch"))
-        waiting = {k[1]: v for k, v in outcomes().items() if v.startswith("waiting")}
-        print(json.dumps({"new": new, "waiting": waiting}))
+        waiting = sorted(k[1] for k, v in outcomes().items() if v == "waiting")
+        print(json.dumps({"new": new, "waiting": waiting, "for": fxguard.status()["waiting"]}))
     """)
     assert got["new"] == []
     where = "torch.nn.attention.flex_attention.create_block_mask"
-    assert got["waiting"][where] == \
-        "waiting for torch.nn.attention.flex_attention (applied when it is imported)"
+    assert where in got["waiting"] and where in got["for"]["torch.nn.attention.flex_attention"]
+    assert sorted(w for wheres in got["for"].values() for w in wheres) == got["waiting"]
 
 
 def test_rows_applied_on_import_end_as_a_one_step_install():
@@ -53,7 +53,7 @@ def test_rows_applied_on_import_end_as_a_one_step_install():
     show = "print(json.dumps(sorted(map(list, outcomes().items()))))\n"
     one_step = _run(imports + "fxguard.install()\n" + show)
     on_import = _run("fxguard.install()\n" + imports + show)
-    assert not [r for r in one_step if r[1].startswith("waiting")]
+    assert not [r for r in one_step if r[1] == "waiting"]
     assert on_import == one_step
 
 
@@ -140,12 +140,16 @@ def test_a_failure_on_import_stands_the_rows_down_and_the_import_goes_on():
             raise MemoryError("no room")
 
         _core._extend_layout = broken
+        rng = ("compile keeps others' random numbers", "torch.random.set_rng_state")
+        waited = rng[1] in fxguard.status()["waiting"]["torch._dynamo"] and outcomes()[rng]
         import torch._dynamo
         rows = outcomes()
-        print(json.dumps({"kept": len(originals.applied()) == before,
-                          "rng": rows[("compile keeps others' random numbers",
-                                       "torch.random.set_rng_state")],
+        print(json.dumps({"kept": len(originals.applied()) == before, "waited": waited,
+                          "waiting now": fxguard.status()["waiting"],
+                          "rng": rows[rng],
                           "dynamo": "torch._dynamo" in sys.modules}))
     """)
     assert got["kept"] and got["dynamo"]
-    assert got["rng"].startswith("not covered: applying it on import of torch._dynamo")
+    # waited for torch._dynamo; its import failed to apply it: stood down, waits no more
+    assert got["waited"] == "waiting" and got["rng"] == "not covered"
+    assert "torch._dynamo" not in got["waiting now"]

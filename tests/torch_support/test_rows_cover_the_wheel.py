@@ -36,12 +36,11 @@ def test_every_row_is_patched_or_says_why():
                    "torch._functorch.config"):  # what rows wait for (install on import)
         importlib.import_module(module)
     rows = fxguard.install()["patch_points"]
-    assert all(r["reason"] == "patched" or r["reason"].startswith(("not needed", "not available",
-                                                                   "option off"))
+    assert all(r["outcome"] in ("patched", "not needed", "not available", "option off")
                or r["what"] in KNOWN_HAZARDS for r in rows), rows
     for r in rows:
-        if r["what"] in KNOWN_HAZARDS and r["reason"].startswith("not covered"):
-            assert "docs/limits.md" in r["reason"], r  # says where the user reads about it
+        if r["what"] in KNOWN_HAZARDS and r["outcome"] == "not covered":
+            assert "docs/limits.md" in r["reason"], r  # shows the reason: where users read about it
 
 
 # Rows whose absence on an older torch is a hazard fxguard reports rather than fixes.

@@ -13,7 +13,7 @@ import torch
 import fxguard
 from fxguard import _core
 from guarded import finish
-from test_core_faults import async_raise, exit_code_of_child, needs_fork
+from injected_faults import async_raise, exit_code_of_child, needs_fork
 
 
 class Spins(torch.nn.Module):

@@ -124,3 +124,27 @@ def test_the_start_up_hook_imports_fxguard_only_once_torch_is_there():
                  for node in ast.walk(f) if isinstance(node, ast.ImportFrom)
                  and (node.module or "").split(".")[0] == "fxguard"}
     assert importing == {"_install_from_env"}  # called right after torch finished importing
+
+
+def test_the_hook_hands_the_warnings_it_kept_to_fxguard_when_it_imports_it():
+    """Free-threaded, GIL off: the hook keeps what was shown before fxguard was
+    imported; fxguard.interpreter picks out the modules that turned the GIL on.
+    (Run here by hand on any build: the hook watches only with the GIL off.)"""
+    body = textwrap.dedent("""
+        import warnings
+        import _fxguard_startup
+        _fxguard_startup._watch_gil()
+        warnings.warn("The global interpreter lock (GIL) has been enabled to load module "
+                      "'early_ext', which has not declared that it can run safely without "
+                      "the GIL.", RuntimeWarning)
+        warnings.warn("not about the GIL", UserWarning)
+        import torch
+        _fxguard_startup._install_from_env(torch)
+        from fxguard import interpreter
+        print(interpreter._enabled_by, _fxguard_startup._runtime_warnings)
+    """)
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("FXGUARD")}
+    proc = subprocess.run([sys.executable, "-c", body], env=environ, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.splitlines()[-1] == "['early_ext'] None"  # handed over, then no more kept

@@ -36,9 +36,10 @@ def test_install_uninstall_install_adds_no_second_hook():
             fxguard.uninstall()
             seen.append(finders())
         fxguard.install(concurrent_compiles=True)
-        mine = [getattr(f, "__module__", None) or getattr(f, "__name__", "?") for f in forks
-                if (getattr(f, "__module__", None) or "").startswith("fxguard")
-                or getattr(f, "__name__", "") == "_after_fork_in_child"]
+        def core(f):  # the C core's hook: bound to its registry's capsule
+            return type(getattr(f, "__self__", None)).__name__ == "PyCapsule"
+        mine = ["C core" if core(f) else f.__module__ for f in forks
+                if core(f) or (getattr(f, "__module__", None) or "").startswith("fxguard")]
         print(mine)
         print([f is _core._await_thread_exits for f in exits
                if getattr(f, "__self__", None) is _core or
@@ -48,12 +49,13 @@ def test_install_uninstall_install_adds_no_second_hook():
         print(seen)
     """)
     environ = {k: v for k, v in os.environ.items() if not k.startswith("FXGUARD")}
+    environ["FXGUARD_ALLOW_UNTESTED"] = "concurrent_compiles"  # the GIL off: installed, not run
     proc = subprocess.run([sys.executable, "-c", body], env=environ, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     forks, exits, carried, finders = proc.stdout.splitlines()[-4:]
     # the C core's own (a C function, no module), then the room's one for Python callbacks
-    assert forks == "['_after_fork_in_child', 'fxguard.machinery.process_hooks']"
+    assert forks == "['C core', 'fxguard.machinery.process_hooks']"
     # records carried into torch's thread-locals: one exit hook waits for exiting threads
     assert exits == ("[True]" if carried == "True" else "[]")
     # at most one watcher on sys.meta_path while installed, none after uninstall
@@ -141,10 +143,11 @@ def test_the_hook_hands_the_warnings_it_kept_to_fxguard_when_it_imports_it():
         import torch
         _fxguard_startup._install_from_env(torch)
         from fxguard import interpreter
-        print(interpreter._enabled_by, _fxguard_startup._runtime_warnings)
+        print(interpreter._enabled_by[:1], _fxguard_startup._runtime_warnings)
     """)
     environ = {k: v for k, v in os.environ.items() if not k.startswith("FXGUARD")}
     proc = subprocess.run([sys.executable, "-c", body], env=environ, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert proc.stdout.splitlines()[-1] == "['early_ext'] None"  # handed over, then no more kept
+    # handed over first (3.13t: torch's import may add triton's), then no more kept
+    assert proc.stdout.splitlines()[-1] == "['early_ext'] None"

@@ -40,7 +40,7 @@ def test_one_fork_hook_serves_every_callback_once_each_in_order():
         _, status = os.waitpid(pid, 0)
         hooks = [h["after_in_child"] for h in made]
         rooms = sum(h is process_hooks._run_in_forked_child for h in hooks)
-        cores = sum(getattr(h, "__name__", "") == "_after_fork_in_child" for h in hooks)
+        cores = sum(type(getattr(h, "__self__", None)).__name__ == "PyCapsule" for h in hooks)
         print(os.waitstatus_to_exitcode(status), rooms, cores, ran)
     """)
     # the child ran each once, in order; one hook for the room, one of the C core's own

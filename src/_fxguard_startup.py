@@ -48,8 +48,9 @@ def _watch_gil() -> None:
     shown = warnings.showwarning
 
     def showwarning(message, category, filename, lineno, file=None, line=None):
-        if _runtime_warnings is not None and issubclass(category, RuntimeWarning):
-            _runtime_warnings.append(str(message))
+        kept = _runtime_warnings  # read once: another thread may hand it over meanwhile
+        if kept is not None and issubclass(category, RuntimeWarning):
+            kept.append(str(message))
         return shown(message, category, filename, lineno, file, line)
 
     warnings.showwarning = showwarning

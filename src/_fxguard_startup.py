@@ -35,28 +35,34 @@ def activate() -> None:
     after_import("torch", _install_from_env)
 
 
-gil_warnings: list = []  # CPython's "GIL has been enabled to load module ..." (fxguard.interpreter)
-# The words of that warning, here because this module must not import fxguard;
-# fxguard.interpreter and doctor read them from here.
-GIL_ENABLED = "global interpreter lock (GIL) has been enabled to load module"
+# Warnings shown before fxguard is imported, kept for fxguard.interpreter (GIL off
+# only): CPython's "GIL has been enabled to load module ..." is a RuntimeWarning,
+# and fxguard.interpreter knows its words; this module must not import fxguard.
+_runtime_warnings: list | None = []  # None once handed to fxguard.interpreter
 
 
 def _watch_gil() -> None:
-    """Keep the warnings that name a module turning the GIL on, as they are shown
-    (fxguard is not imported before torch: fxguard.interpreter reads them)."""
+    """Keep the RuntimeWarnings shown until fxguard is imported at ``import torch``,
+    which then reads them (``_install_from_env``) and watches on its own."""
     import warnings
     shown = warnings.showwarning
 
     def showwarning(message, category, filename, lineno, file=None, line=None):
-        if GIL_ENABLED in str(message):
-            gil_warnings.append(str(message))
+        kept = _runtime_warnings  # read once: another thread may hand it over meanwhile
+        if kept is not None and issubclass(category, RuntimeWarning):
+            kept.append(str(message))
         return shown(message, category, filename, lineno, file, line)
 
     warnings.showwarning = showwarning
 
 
 def _install_from_env(torch_module: object) -> None:
-    from fxguard import startup  # torch is loaded now: fxguard's import is cheap beside it
+    global _runtime_warnings
+    # torch is loaded now: fxguard's import is cheap beside it (the one import of fxguard here)
+    from fxguard import interpreter, startup
+    kept, _runtime_warnings = _runtime_warnings, None  # fxguard.interpreter watches from now
+    for message in kept or ():
+        interpreter.note(message)
     startup.install_from_env()
 
 

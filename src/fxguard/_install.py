@@ -296,9 +296,6 @@ def _log_installed(rows: list[Row], later: bool = False) -> None:
             log.warning("fxguard stood down for %s %s: %s", r.what, r.where, r.reason)
 
 
-_exit_wait_registered = False
-
-
 def _wait_for_exiting_threads_at_exit() -> None:
     """A thread that ends just before the process does destroys its C++
     thread-locals (holding its stashed record) while the interpreter
@@ -306,11 +303,8 @@ def _wait_for_exiting_threads_at_exit() -> None:
     without an active exception"; seen on torch 2.11 and 2.13).  An exit
     handler, which runs after threading joined its threads and before
     finalization, waits (up to 2 s, GIL released) until they have let go."""
-    global _exit_wait_registered
-    if not _exit_wait_registered:
-        import atexit
-        atexit.register(_core._await_thread_exits, 2.0)
-        _exit_wait_registered = True
+    from .machinery import process_hooks
+    process_hooks.at_exit(_core._await_thread_exits, 2.0)  # once, however often installed
 
 
 def _core_hooks(layout: str) -> tuple[int, dict[str, Any]]:

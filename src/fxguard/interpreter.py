@@ -7,7 +7,8 @@ a RuntimeWarning naming the module (triton's ``libtriton`` does, at ``import
 torch._dynamo``; ``PYTHON_GIL=0`` keeps it off, at that module's risk).
 ``watch()`` notes those names as the warnings are shown; ``import fxguard``
 calls it.  The FXGUARD=1 start-up hook, which must not import fxguard before
-torch, keeps such warnings itself; ``report()`` reads them.
+torch, keeps the warnings shown until then and hands them to ``note()`` when it
+imports fxguard (this module never imports the hook).
 """
 from __future__ import annotations
 
@@ -17,8 +18,7 @@ import sysconfig
 import warnings
 from typing import Any
 
-from _fxguard_startup import GIL_ENABLED  # a top-level module beside fxguard
-
+GIL_ENABLED = "global interpreter lock (GIL) has been enabled to load module"  # CPython's words
 GIL_WARNING = re.compile(re.escape(GIL_ENABLED) + r" '([^']+)'")
 _enabled_by: list[str] = []
 
@@ -55,7 +55,5 @@ def watch() -> None:
 
 def report() -> dict[str, Any]:
     """For status() and doctor (with what the FXGUARD=1 hook saw before fxguard was imported)."""
-    for message in getattr(sys.modules.get("_fxguard_startup"), "gil_warnings", ()):
-        note(message)
     return {"free_threaded": free_threaded(), "gil_enabled": gil_enabled(),
             "gil_enabled_by": list(_enabled_by) if free_threaded() else None}

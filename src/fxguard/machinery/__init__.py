@@ -8,7 +8,8 @@ What a change is, and applying it:
 - ``rewrite``: a function recompiled from its own source with chosen globals redirected;
 - ``code_cache``: rewrite's (and writers') results kept on disk, like .pyc files;
 - ``writers``: who in a package assigns a module global as an attribute;
-- ``import_watch``: rows planned without importing, applied when their module is imported.
+- ``import_watch``: rows planned without importing, applied when their module is imported;
+- ``process_hooks``: the hooks set on the process (in a forked child, around imports, at exit), once each.
 
 Kinds of rows (each a ``changes.RowKind``: one file, one kind):
 - ``per_thread_globals``: module globals served per thread from the C core's records;

@@ -18,6 +18,8 @@ import sys
 import threading
 from typing import Any, Callable, Iterator
 
+from . import process_hooks
+
 
 class ModuleWaiting(BaseException):
     """Planning a row would import ``module``: the row waits for it.
@@ -34,17 +36,6 @@ def _under(name: str, package: str) -> bool:
     return name == package or name.startswith(package + ".")
 
 
-def _find_after(me: Any, name: str, path: Any, target: Any) -> Any:
-    """The spec the finders after ``me`` on sys.meta_path give (nothing runs)."""
-    finders = list(sys.meta_path)
-    for finder in finders[finders.index(me) + 1:] if me in finders else finders:
-        find = getattr(finder, "find_spec", None)
-        spec = find(name, path, target) if find is not None else None
-        if spec is not None:
-            return spec
-    return None
-
-
 class _NoImports:
     """A finder that refuses, in the threads inside ``no_imports``, every module
     of the package not imported yet, before anything of it runs.  A name that
@@ -57,7 +48,8 @@ class _NoImports:
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
         if threading.get_ident() in self.threads and _under(name, self.package) \
-                and name not in sys.modules and _find_after(self, name, path, target) is not None:
+                and name not in sys.modules \
+                and process_hooks.spec_after(self, name, path, target) is not None:
             raise ModuleWaiting(name)
         return None
 
@@ -74,7 +66,7 @@ def no_imports(package: str) -> Iterator[None]:
         guard = _guards.get(package)
         if guard is None:
             guard = _guards[package] = _NoImports(package)
-            sys.meta_path.insert(0, guard)
+            process_hooks.watch_imports(guard)
         me = threading.get_ident()
         nested = me in guard.threads
         guard.threads.add(me)
@@ -86,8 +78,7 @@ def no_imports(package: str) -> Iterator[None]:
                 guard.threads.discard(me)
                 if not guard.threads:  # no finder left on every later import of the process
                     del _guards[package]
-                    with contextlib.suppress(ValueError):
-                        sys.meta_path.remove(guard)
+                    process_hooks.stop_watching(guard)
 
 
 class Watcher:
@@ -119,12 +110,10 @@ class Watcher:
             return due
 
     def start(self) -> None:
-        if self not in sys.meta_path:
-            sys.meta_path.insert(0, self)
+        process_hooks.watch_imports(self)
 
     def stop(self) -> None:
-        with contextlib.suppress(ValueError):
-            sys.meta_path.remove(self)
+        process_hooks.stop_watching(self)
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
         if not _under(name, self.package) or getattr(self._local, "busy", False):
@@ -134,7 +123,7 @@ class Watcher:
             return None
         self._local.busy = True
         try:
-            spec = _find_after(self, name, path, target)
+            spec = process_hooks.spec_after(self, name, path, target)
         finally:
             self._local.busy = False
         if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):

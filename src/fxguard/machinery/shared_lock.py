@@ -20,10 +20,11 @@ keeps only the forking thread's holds.
 """
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 from typing import Any
+
+from . import process_hooks
 
 _get_ident = threading.get_ident
 _instances: weakref.WeakSet = weakref.WeakSet()
@@ -141,5 +142,4 @@ def _after_fork() -> None:
         lock._after_fork_in_child()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork)
+process_hooks.after_fork_in_child(_after_fork)

@@ -30,7 +30,7 @@ across torch versions) and from RULES (patterns); an entry neither knows is
                   code reads: a fxguard row (module global, class or instance
                   attribute) is needed;
 - ``row``         already a row of fxguard's plan;
-- ``once``        lazy one-time set-up: needs a once-lock (see torch_support/rows.py, ONCE);
+- ``once``        lazy one-time set-up: needs a once-lock (see torch_support/concurrent_compiles.py, ONCE);
 - ``locked``      shared on purpose (caches, registries, counters) and not safe
                   to mutate from two compiles at once: the narrowest lock named in why;
 - ``harmless``    shared on purpose and safe under the GIL (why says why).
@@ -484,9 +484,10 @@ def concurrent_rows(root: str) -> set[str]:
     row's state and what its lock or once-lock guards (``guards``)."""
     from fxguard.machinery.changes import Outcome
     from fxguard.torch_support import rows
+    from fxguard.torch_support.options import Option
     keys = set()
     for row in rows.ROWS:
-        if row.option != rows.CONCURRENT:
+        if row.option != Option.CONCURRENT_COMPILES:
             continue
         wheres = [r.where for r in row.report(Outcome.PATCHED)]
         wheres += [g for entry in getattr(row, "entries", (row,)) for g in getattr(entry, "guards", ())]
@@ -516,7 +517,7 @@ def classify(e: Entry, covered: set[str]) -> tuple[str, str]:
     if e.kind == "cache" and e.effects:
         return (ONCE, "lazy one-time set-up that registers/fills shared state: two first compiles "
                       "both miss the cache and both run it (post_grad's: Duplicate pattern); "
-                      "once-lock (rows.ONCE)")
+                      "once-lock (concurrent_compiles.ONCE)")
     for kind, pattern, verdict in RULES:
         if re.match(kind, e.kind) and re.search(pattern, e.key):
             return verdict

@@ -11,7 +11,7 @@ CLASSIFY: dict[str, tuple[str, str]] = {
     # per thread: one compile's state another thread reads
     "torch.utils._python_dispatch:_is_in_torch_dispatch_mode": (
         PT, "mode flags saved/restored by every TorchDispatchMode; the mode stack is per thread "
-            "(tests/races/test_dispatch_mode_flags.py; rows.PER_THREAD)"),
+            "(tests/races/test_dispatch_mode_flags.py; trace_state.PER_THREAD)"),
     "torch.utils._python_dispatch:_is_in_non_infra_torch_dispatch_mode": (
         PT, "as above; dynamo skips frames on it (2.5-2.8)"),
     "torch.utils._python_dispatch:_is_in_any_mode_without_ignore_compile_internals": (
@@ -19,15 +19,15 @@ CLASSIFY: dict[str, tuple[str, str]] = {
             "inline_torch_dispatch_torch_compile off); C++ mirror is thread_local"),
     "torch._dynamo.convert_frame:initial_global_state": (
         PT, "grad/autocast state the frame's GLOBAL_STATE guard checks "
-            "(tests/races/test_overlapping_compiles_state.py; rows.CONCURRENT_PER_THREAD)"),
+            "(tests/races/test_overlapping_compiles_state.py; concurrent_compiles.PER_THREAD)"),
     "torch._inductor.ir:IRNode._current_origins": (
         PT, "FX nodes of the node being lowered; interleaved exits leave a dead graph's "
-            "(rows.CLASS_ATTRS)"),
+            "(concurrent_compiles.CLASS_ATTRS)"),
     "torch._inductor.ir:IRNode._current_stream_idx": (PT, "same pattern as _current_origins (2.12+)"),
     "torch._dynamo.variables.torch_function:torch_function_mode_stack_state_mgr.stack": (
         PT, "the compiling thread's torch-function modes, saved for the trace and pushed back "
             "at exit: another thread traces with/ends up with them "
-            "(rows.INSTANCE_ATTRS; 'trying to pop from empty mode stack')"),
+            "(concurrent_compiles.INSTANCE_ATTRS; 'trying to pop from empty mode stack')"),
     "torch._dynamo.eval_frame:_in_optimized_module": (
         PT, "set around OptimizedModule.__call__ at run time (survey: not yet a row)"),
     "torch._dynamo.compiled_autograd:in_compiled_autograd_region": (

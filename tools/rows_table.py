@@ -1,4 +1,4 @@
-"""docs/rows.md's table, made from the rows themselves (torch_support/rows.py):
+"""docs/rows.md's table, made from the rows themselves (torch_support/rows.py, in order):
 ``python3 tools/rows_table.py`` rewrites it; tests/entry/test_rows_table.py checks
 it is current.  Which rows apply on a given torch, with the reason for each,
 is what ``fxguard status --verbose`` prints there."""

@@ -30,13 +30,13 @@ def stock_patches_put_back():
     import importlib
     import sys
 
-    from fxguard.torch_support import rows
+    from fxguard.torch_support import trace_state
     st = torch.fx._symbolic_trace
     module_dict, math_dict, own = dict(vars(torch.nn.Module)), dict(vars(math)), dict(globals())
     # Stock export's is_compiling flags, node meta, ...: interleaved save/restore
     # leaves them set for good (the compile-vs-is_compiling race); later tests must not inherit that.
     globals_before = [(vars(importlib.import_module(r.module)), r.name,
-                       vars(importlib.import_module(r.module)).get(r.name)) for r in rows.PER_THREAD
+                       vars(importlib.import_module(r.module)).get(r.name)) for r in trace_state.PER_THREAD
                       if r.name in vars(importlib.import_module(r.module))]
     yield
     fxguard.uninstall()

@@ -173,7 +173,7 @@ def fast_readers():
     pytest.importorskip("torch")
     import importlib
 
-    from fxguard.torch_support.rows import PER_THREAD
+    from fxguard.torch_support.trace_state import PER_THREAD
     for row in PER_THREAD:
         module = importlib.import_module(row.module)
         for name in dict.fromkeys(reader.name for reader in row.readers):

@@ -11,7 +11,7 @@ import torch
 
 from fxguard.machinery import writers
 from fxguard.machinery.per_thread_globals import PerThread
-from fxguard.torch_support import rows
+from fxguard.torch_support import concurrent_compiles, rows
 
 ROOT = os.path.dirname(torch.__file__)
 
@@ -73,7 +73,7 @@ def test_every_writer_of_a_per_thread_class_attribute_is_covered():
     listed writer, every ``patch.object(<Cls>, "<attr>", ...)`` lies in a
     module the row rewrites (install() then checks each such function)."""
     unlisted = []
-    by_name = {row.where.rsplit(".", 1)[1]: row for row in rows.CLASS_ATTRS}
+    by_name = {row.where.rsplit(".", 1)[1]: row for row in concurrent_compiles.CLASS_ATTRS}
     for rel, module, tree in wheel_trees(by_name):
         for fn in ast.walk(tree):
             if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):

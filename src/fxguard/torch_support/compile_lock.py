@@ -1,5 +1,5 @@
-"""Dynamo's compile_lock held shared by its frame callback (a row kind, option
-concurrent_compiles): rows.COMPILE_LOCK says why."""
+"""Dynamo's compile_lock held shared by its frame callback (option
+concurrent_compiles): the row kind and its row, ``ROWS``."""
 from __future__ import annotations
 
 import importlib
@@ -12,6 +12,7 @@ from ..machinery import codegen, compile_gate, overlay, shared_lock
 from ..machinery.changes import Change, Context, Outcome, Planned, Row, RowKind
 from ..machinery.originals import resolve_path
 from ..machinery.wrapped import plain_function
+from .options import Option
 
 CONFIG_ROW = "config per compile"
 
@@ -77,3 +78,43 @@ class SharedLockRow(RowKind):
                                               lock=lock, per_code=keyed, window=overlay.window)
             made += codegen.swap_code(self.what, fn, body, namespace)
         return Planned(made, rows=(Row(self.what, self.where, Outcome.PATCHED), config))
+
+
+# The callback's whole body holds the lock shared.  One function's compiles
+# still run one at a time, as stock: three threads compiling one graph at once
+# deadlocked in torch (grad-accumulator mutex against the GIL under anomaly
+# mode).  Where the compile-once row is patched, its wait per code object (it
+# wraps this callback, outside the lock) is what keeps them one at a time, and
+# the threads that missed together share that compile; with it off, the
+# callback also takes its code object's turn at the same compile gate
+# (machinery.compile_gate, PER_CODE_HELD), sharing no result.  A callback
+# inside a compile (a compiled function called while tracing) is a re-entry,
+# as with stock's RLock: it takes neither, so it cannot wait for a code another
+# thread's compile holds while that one waits for this one's.
+SHARED_BODY = """\
+    if {ns}.lock._is_owned():
+        return {ns}.inner({call})
+    with {ns}.lock.shared(){held}:
+        return {ns}.inner({call})
+"""
+PER_CODE_HELD = ", {ns}.per_code.held(frame.f_code)"
+# torch <= 2.11 (config process-wide): a compile also runs in an overlay window
+# (machinery.overlay) over every entry of these config modules, so that its
+# `with config.patch(...)` (inductor's own: inplace_buffers, unroll thresholds,
+# padding, ...; torch.compile's options and mode) stays in its thread.
+# Interleaved, two compiles' patches otherwise crossed and stayed for good.
+WINDOW_HELD = ", {ns}.window()"
+COMPILE_CONFIG = ("torch._dynamo.config", "torch._inductor.config", "torch._functorch.config")
+
+# Dynamo's frame callback holds compile_lock (with _disable_current_modes())
+# across a whole compile: every thread waits out every other's compile.  Held
+# shared instead, compiles of distinct graphs overlap; its own `with
+# compile_lock:` inside is a re-entry.  torch's other holders keep their meaning
+# (exclusive): reset() and reset_code_caches() wait until no compile runs,
+# compile_fx's lazy backward compile likewise (run inside a compile, as with
+# eager backward, it is a re-entry, as with stock's RLock).  Same-graph threads
+# still compile once where fxguard's compile-once row waits them.
+ROWS = (SharedLockRow("compile lock", "torch._dynamo.convert_frame.compile_lock",
+                      ("torch._dynamo.convert_frame.CatchErrorsWrapper.__call__",),  # 2.10+
+                      SHARED_BODY, PER_CODE_HELD, WINDOW_HELD, COMPILE_CONFIG,
+                      option=Option.CONCURRENT_COMPILES),)

@@ -53,6 +53,7 @@ from typing import Any, Callable
 from . import cudagraphs
 from ..machinery.changes import Change, Context, Outcome, Planned, RowKind
 from ..machinery.compile_gate import CompileGate
+from .options import Option
 
 LABEL = "compile once"
 _MISSING = object()
@@ -464,3 +465,9 @@ def _make_compute_cache_size(t: _Torch) -> Callable:
     compute_cache_size.__doc__ = original.__doc__
     compute_cache_size.__wrapped__ = original  # type: ignore[attr-defined]
     return compute_cache_size
+
+
+# Dynamo's callback for a cache miss (and compute_cache_size): a thread that
+# missed while another compiled the same code runs that compile if its guards pass.
+ROWS = (CompileOnceRow("torch._dynamo.convert_frame.CatchErrorsWrapper.__call__",
+                       option=Option.COMPILE_ONCE),)

@@ -26,6 +26,9 @@ import copy
 import sys
 from typing import Any, Callable
 
+from ..machinery.wrapped import Swap, Wrapped
+from .options import Option
+
 WHERE = "torch._inductor.compile_fx.get_patched_config_dict"
 # What the row stands for: torch's body, as rewrite.def_body gives it (2.5-2.11).
 TORCH_BODY = "with config.patch(config_patches):\n    return config.get_config_copy()"
@@ -82,3 +85,10 @@ def needed(facts: Any) -> tuple[Any, str] | None:
     if rewrite.def_body(originals.get_original(fn, "__code__")) != TORCH_BODY:
         return Outcome.NOT_COVERED, "get_patched_config_dict is not the window fxguard knows; runs as stock"
     return None
+
+
+ROWS = (
+    Wrapped("torch.compile options per thread",
+            (Swap(WHERE, BODY, (("patched_copy", lambda: patched_copy),), params=("config_patches",)),),
+            needed, option=Option.CONFIG_WINDOW_LOCK),
+)

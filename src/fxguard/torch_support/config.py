@@ -58,7 +58,7 @@ from typing import Any, Callable
 
 CONFIG_MODULE = "torch.utils._config_module"
 THREAD_ATTR = "_fxguard_config"  # where Thread.start() leaves its context for the new thread
-copy_context = contextvars.copy_context  # what Thread.start() calls (rows.THREAD_START)
+copy_context = contextvars.copy_context  # what Thread.start() calls (config_follows_thread.THREAD_START)
 
 _COPIED = (list, dict, set)  # mutable values a thread gets its own deep copy of
 

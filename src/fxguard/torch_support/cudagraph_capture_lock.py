@@ -144,10 +144,10 @@ class WrappedAndReplaced(Wrapped):
                                          Change(self.what, module, name, self.replacement())])
 
 
-ROW = WrappedAndReplaced(
-    "CUDA-graph capture lock per device",
-    (Swap(f"{MANAGER}.__init__", ON_DEVICE_INIT, (("capture_lock", lambda: device_capture_lock),
-                                                  MANAGER_CAPTURE), params=("device_index",)),
-     Swap(f"{MANAGER}._run", ON_DEVICE_METHOD, (("capture_lock", lambda: device_capture_lock),),
-          params=("self",))),
-    needed, option=OPTION, replaces=CAPTURE_LOCK, replacement=lambda: device_capture_lock)
+ROWS = (WrappedAndReplaced(
+        "CUDA-graph capture lock per device",
+        (Swap(f"{MANAGER}.__init__", ON_DEVICE_INIT, (("capture_lock", lambda: device_capture_lock),
+                                                      MANAGER_CAPTURE), params=("device_index",)),
+         Swap(f"{MANAGER}._run", ON_DEVICE_METHOD, (("capture_lock", lambda: device_capture_lock),),
+              params=("self",))),
+        needed, option=OPTION, replaces=CAPTURE_LOCK, replacement=lambda: device_capture_lock),)

@@ -80,3 +80,6 @@ def register(ensure: Callable[[], None]) -> None:
 
     threading.Thread(target=keep, name="fxguard-cuda-guard", daemon=True).start()
     done.wait()
+
+
+ROWS = (DeviceGuardUpFront(),)

@@ -7,7 +7,7 @@ later rows read).  install() applies a Plan in one place (_install._apply) and
 uninstall() undoes its changes in reverse.  Every row is planned the same way
 (machinery.changes.RowKind): option off, not needed on this torch, waiting for
 its module, or ``row.plan(ctx)``.  A new kind of row is a new RowKind and rows
-in rows.ROWS; this file does not change.
+in its feature's module, placed in rows.ROWS; this file does not change.
 """
 from __future__ import annotations
 

@@ -27,6 +27,9 @@ import types
 from typing import Any, Callable
 
 from ..machinery.changes import Outcome
+from ..machinery.wrapped import Swap, Wrapped
+from .options import Option
+from .shared_bodies import DYNAMO
 
 CONVERT_FRAME = "torch._dynamo.convert_frame"
 SAVER = f"{CONVERT_FRAME}.preserve_global_state"
@@ -150,3 +153,25 @@ def helpers(generator: str) -> tuple[tuple[str, Callable[[], Any]], ...]:
     def restores() -> Restores:
         return _generators.setdefault(generator, Restores())
     return (("saving", lambda: restores().saving), ("skip", lambda: restores().skip))
+
+
+# A compile's get_rng_state notes what the other threads had run; its
+# set_rng_state is skipped where another thread ran since.
+SAVE_RNG = """\
+    if not {ns}.is_dynamo_compiling():
+        {ns}.saving()
+    return {ns}.inner({call})
+"""
+RESTORE_RNG = """\
+    if not {ns}.is_dynamo_compiling() and {ns}.skip():
+        return None
+    return {ns}.inner({call})
+"""
+
+ROWS = (
+    Wrapped("compile keeps others' random numbers",
+            tuple(Swap(f"{module}.{verb}_rng_state", body, (DYNAMO,) + helpers(generator))
+                  for module, generator in (("torch.random", "cpu"), ("torch.cuda.random", "cuda"))
+                  for verb, body in (("set", RESTORE_RNG), ("get", SAVE_RNG))),
+            needed, option=Option.RNG_NOT_REWOUND),
+)

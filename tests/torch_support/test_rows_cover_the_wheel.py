@@ -33,7 +33,8 @@ def test_every_row_is_patched_or_says_why():
 
     import fxguard
     for module in ("torch._dynamo", "torch.export._trace", "torch.nn.attention.flex_attention",
-                   "torch._functorch.config"):  # what rows wait for (install on import)
+                   "torch._functorch.config", "torch._inductor.compile_fx",
+                   "torch._inductor.cudagraph_trees"):  # what rows wait for (install on import)
         importlib.import_module(module)
     rows = fxguard.install()["patch_points"]
     assert all(r["outcome"] in ("patched", "not needed", "not available", "option off")

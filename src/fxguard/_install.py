@@ -102,6 +102,7 @@ def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
         try:
             return _install_locked(chosen)
         except BaseException:
+            import_watch.prune()  # what an interrupt in planning's way out left
             if previous is not None and _installed is None:  # refused: keep the earlier install
                 try:
                     _install_locked(previous)
@@ -114,16 +115,18 @@ def _install_locked(chosen: Options) -> dict:
     """install() with the lock held: the plan for ``chosen`` applied (what was
     installed before uninstalled first)."""
     global _installed
-    if _installed is not None:
+    if _installed is not None or originals.applied():  # what an interrupt left, too
         _uninstall_locked(core_off=False)  # the same slots: threads keep their records
+    mark = len(originals.applied())
     try:
         facts, plan = _prepare(chosen)  # raises before touching torch
         workers = _apply(plan, facts.layout)
-    except BaseException:
+        _installed = Installed(chosen, workers, dict(code_cache.last), facts, plan.later)
+    except BaseException:  # also an interrupt after _apply: all of it or nothing
+        originals.revert_all(settle.live, settle.names_in_use, _stand_in, down_to=mark)
         _installed = None
         _sweep_locked()  # the core goes off unless uninstall() left names for frames
         raise
-    _installed = Installed(chosen, workers, dict(code_cache.last), facts, plan.later)
     _watch(plan.later)
     _log_installed(_installed.rows)
     _catch_up_locked()  # a module imported by another thread while this one planned
@@ -410,7 +413,7 @@ def _uninstall_locked(core_off: bool = True) -> None:
     thread's values; the sweep turns the core off after), and across an
     install() with other options (whose slots are the same ones)."""
     global _installed
-    if _installed is None:
+    if _installed is None and not originals.applied():  # (an interrupt can leave changes alone)
         return
     busy = _core._tracing_records()
     if busy and _core._mode() == _core.MODE_PATCHED:

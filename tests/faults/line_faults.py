@@ -7,6 +7,8 @@ traced frame at that line, as an interrupt delivered there would.
 """
 from __future__ import annotations
 
+import dis
+import functools
 import os
 import sys
 import types
@@ -45,6 +47,7 @@ class Tracer:
         self.swapped = {id(c) for c in swapped}
         self.at, self.make = at, make
         self.seen: dict[Line, None] = {}  # in the order first run
+        self.nops: set[Line] = set()       # first run at a NOP (``try:``): see at_nop
         self.fired = False
 
     def ours(self, code: types.CodeType) -> bool:
@@ -58,6 +61,8 @@ class Tracer:
     def _line(self, frame: types.FrameType, event: str, arg: object):
         if event == "line":
             line = (frame.f_code.co_filename, frame.f_lineno)
+            if line not in self.seen and at_nop(frame):
+                self.nops.add(line)
             self.seen.setdefault(line)
             if line == self.at and not self.fired:
                 self.fired = True
@@ -70,6 +75,20 @@ class Tracer:
 
     def __exit__(self, *exc: object) -> None:
         sys.settrace(None)
+
+
+@functools.lru_cache(maxsize=None)
+def _nop_offsets(code: types.CodeType) -> frozenset[int]:
+    return frozenset(ins.offset for ins in dis.get_instructions(code) if ins.opname == "NOP")
+
+
+def at_nop(frame: types.FrameType) -> bool:
+    """A line event at a NOP (a ``try:``, a constant ``return`` folded away) is
+    no place for an interrupt: a signal's exception is raised where the
+    interpreter checks for one (calls, jumps), never at a NOP.  A trace
+    function can raise there, and CPython then skips the handlers around it (a
+    ``with`` block's exit: a lock stays held), which no program meets."""
+    return frame.f_lasti in _nop_offsets(frame.f_code)
 
 
 def short(line: Line) -> str:

@@ -33,6 +33,8 @@ import sys
 import tempfile
 from typing import Any, Callable, Iterator, TypeVar
 
+from .held_by_frame import on_my_stack
+
 ENV = "FXGUARD_CACHE_DIR"
 _HEADER = b"fxguard-code-cache 1\n"
 log = logging.getLogger("fxguard")
@@ -59,6 +61,7 @@ class Session:
         self.digests: dict[str, str] = {}      # filename -> SHA-256 of its text, as read now
         self.trees: dict[str, Any] = {}        # filename -> parsed module (ast), read once
         self.hits = self.misses = 0
+        self.owner: Any = None                 # the frame whose with-block it is
 
     def save(self) -> None:
         if not (self.path and self.added):
@@ -78,18 +81,21 @@ last: dict[str, Any] = {}
 def session() -> Iterator[Session]:
     """Cache what is computed inside (nested sessions join the outer one)."""
     global _session
-    if _session is not None:
-        yield _session
+    outer = _session
+    if outer is not None and outer.owner is not None and on_my_stack(outer.owner):
+        yield outer
         return
     folder = directory()
-    _session = Session(os.path.join(folder, "code", _file_name()) if folder else None)
+    s = _session = Session(os.path.join(folder, "code", _file_name()) if folder else None)
+    s.owner = sys._getframe(2)  # the with-statement's: a session an interrupt left lapses with it
     try:
-        yield _session
-        _session.save()
+        yield s
+        s.save()
     finally:
         last.clear()
-        last.update(path=_session.path, hits=_session.hits, misses=_session.misses)
-        _session = None
+        last.update(path=s.path, hits=s.hits, misses=s.misses)
+        if _session is s:
+            _session = None
 
 
 def source(filename: str) -> tuple[str, str]:

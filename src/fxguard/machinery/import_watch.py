@@ -16,9 +16,11 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+import types
 from typing import Any, Callable, Iterator
 
 from . import process_hooks
+from .held_by_frame import on_my_stack
 
 
 class ModuleWaiting(BaseException):
@@ -40,18 +42,32 @@ class _NoImports:
     """A finder that refuses, in the threads inside ``no_imports``, every module
     of the package not imported yet, before anything of it runs.  A name that
     is no module (``torch.nn.Module``, tried by a path resolver) stays an
-    ImportError."""
+    ImportError.  A thread is inside while the frame that entered is on its
+    stack: an interrupt that cut the way out short leaves an entry that no
+    longer refuses anything, and the next look removes it."""
 
     def __init__(self, package: str) -> None:
         self.package = package
-        self.threads: set[int] = set()
+        self.threads: dict[int, types.FrameType] = {}  # thread -> the frame inside the with
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
-        if threading.get_ident() in self.threads and _under(name, self.package) \
-                and name not in sys.modules \
+        if _under(name, self.package) and name not in sys.modules and _inside(self) \
                 and process_hooks.spec_after(self, name, path, target) is not None:
             raise ModuleWaiting(name)
         return None
+
+
+def _inside(guard: _NoImports) -> bool:
+    """Whether this thread is inside ``no_imports`` (its entry, if left by an
+    interrupted exit, is removed)."""
+    me = threading.get_ident()
+    owner = guard.threads.get(me)
+    if owner is None:
+        return False
+    if on_my_stack(owner):
+        return True
+    _leave(guard.package, me, owner)
+    return False
 
 
 _guards: dict[str, _NoImports] = {}
@@ -62,23 +78,46 @@ _guards_lock = threading.Lock()
 def no_imports(package: str) -> Iterator[None]:
     """Inside, this thread's imports of modules of ``package`` that are not in
     sys.modules yet raise ModuleWaiting (other threads import as usual)."""
+    caller = sys._getframe(2)  # the with-statement's (1: contextmanager's __enter__)
+    me = threading.get_ident()
     with _guards_lock:
         guard = _guards.get(package)
         if guard is None:
             guard = _guards[package] = _NoImports(package)
             process_hooks.watch_imports(guard)
-        me = threading.get_ident()
-        nested = me in guard.threads
-        guard.threads.add(me)
+        owner = guard.threads.get(me)
+        if owner is None or not on_my_stack(owner):  # nested: the outer with keeps it
+            guard.threads[me] = caller
     try:
         yield
     finally:
-        if not nested:
-            with _guards_lock:
-                guard.threads.discard(me)
-                if not guard.threads:  # no finder left on every later import of the process
-                    del _guards[package]
-                    process_hooks.stop_watching(guard)
+        _leave(package, me, caller)
+
+
+def _leave(package: str, me: int, frame: types.FrameType) -> None:
+    """Thread ``me`` left the with-block of ``frame``: no finder is left for the
+    process's later imports once no thread is inside."""
+    with _guards_lock:
+        guard = _guards.get(package)
+        if guard is not None and guard.threads.get(me) is frame:
+            del guard.threads[me]
+        _drop_if_unused(package)
+
+
+def _drop_if_unused(package: str) -> None:
+    guard = _guards.get(package)
+    if guard is not None and not guard.threads:
+        process_hooks.stop_watching(guard)
+        del _guards[package]
+
+
+def prune() -> None:
+    """Remove what an interrupted exit of this thread's no_imports left (the
+    finder for the whole process, where no other thread is inside)."""
+    for package, guard in list(_guards.items()):
+        _inside(guard)
+        with _guards_lock:
+            _drop_if_unused(package)
 
 
 class Watcher:

@@ -45,23 +45,39 @@ def resolve_path(path: str) -> tuple[object, str, object]:
 
 
 def apply(change: Change) -> Patch:
-    """Make the change (MISSING deletes), saving what was there."""
+    """Make the change (MISSING deletes), saving what was there.  Recorded
+    before it is made: an interrupt in between leaves a record whose revert
+    puts back what is there anyway, never a change nothing records."""
     label, owner, attr, value = change
     original = _get(owner, attr)
-    for item in _held:  # a name uninstall kept bound: fxguard's, not the library's
-        if not item.deletion and item.change.owner is owner and item.change.attr == attr \
-                and original is item.change.value:
-            _held.remove(item)
-            original = MISSING
-            break
+    kept = next((item for item in _held  # a name uninstall kept bound: fxguard's, not the library's
+                 if not item.deletion and item.change.owner is owner and item.change.attr == attr
+                 and original is item.change.value), None)
+    if kept is not None:
+        original = MISSING
     version = None
     if attr == "__code__" and isinstance(owner, types.FunctionType):
         from .. import _core
         version = (_core._function_version(owner), owner.__defaults__, owner.__kwdefaults__)
-    _put(owner, attr, value)
     patch = Patch(label, owner, attr, original, value, version)
     _applied.append(patch)
+    try:
+        _put(owner, attr, value)
+    except BaseException:
+        _forget(patch)
+        raise
+    if kept is not None:
+        _held.remove(kept)
     return patch
+
+
+def _forget(patch: Patch) -> None:
+    """Drop ``patch`` from the record, the newest such first (by identity:
+    comparing owners could call anything)."""
+    for i in range(len(_applied) - 1, -1, -1):
+        if _applied[i] is patch:
+            del _applied[i]
+            return
 
 
 def revert(patch: Patch) -> None:
@@ -104,11 +120,9 @@ def _put(owner: object, attr: str, value: Any) -> None:
 
 def undo(patch: Patch) -> None:
     """Revert one patch now and forget it (it must be the latest on its attribute)."""
-    for i in range(len(_applied) - 1, -1, -1):
-        if _applied[i] is patch:  # by identity: comparing owners could call anything
-            del _applied[i]
-            revert(patch)
-            return
+    if any(p is patch for p in _applied):
+        revert(patch)
+        _forget(patch)
 
 
 def _restore_version(fn: types.FunctionType, version: int, defaults: Any, kwdefaults: Any) -> None:
@@ -173,30 +187,32 @@ def revert_all(frames: Frames | None = None, in_use: InUse | None = None,
     first; names that fxguard added go last.  One that a frame of the code it had
     swapped in can still use stays bound, to ``stand_in(patch)`` (an object that
     behaves as stock), until ``sweep`` finds it free."""
-    added, retired = [], []
     if down_to == 0:
         _held[:] = [h for h in _held if not h.deletion]  # deferred deletions: nothing to undo
-    while len(_applied) > down_to:
-        patch = _applied.pop()
-        if patch.original is MISSING and patch.value is not MISSING:
-            added.append(patch)
-            continue
-        if patch.attr == "__code__" and isinstance(patch.value, types.CodeType):
-            retired.append(patch.value)
-        revert(patch)
+    # Each patch is forgotten only once reverted: an interrupt leaves the rest
+    # recorded, and reverting a patch twice puts back the same object.
+    mine = _applied[down_to:]
+    added = [p for p in mine if p.original is MISSING and p.value is not MISSING]
+    retired = [p.value for p in mine if p.attr == "__code__" and isinstance(p.value, types.CodeType)
+               and not any(p is a for a in added)]
+    for patch in reversed(mine):
+        if not any(patch is a for a in added):
+            revert(patch)
+            _forget(patch)
     busy: set[str] = set()
     found = None
     if added and frames is not None and in_use is not None:
         names = {patch.attr for patch in added}
         found = frames([code for code in retired if _uses(code, names)])
         busy = in_use(found, names)
-    for patch in added:
+    for patch in reversed(added):
         if patch.attr in busy and stand_in is not None:
             value = stand_in(patch)
-            _put(patch.owner, patch.attr, value)
             _held.append(Held(Change(patch.label, patch.owner, patch.attr, value), found, False))
+            _put(patch.owner, patch.attr, value)
         else:
             revert(patch)
+        _forget(patch)
 
 
 def held() -> tuple[Held, ...]:

@@ -38,11 +38,8 @@ def after_fork_in_child(callback: Callable[[], None]) -> None:
     if not hasattr(os, "register_at_fork"):
         return
     with _lock:
-        if callback in _in_forked_child:
-            return
-        if not _in_forked_child:
-            os.register_at_fork(after_in_child=_run_in_forked_child)
-        _in_forked_child.append(callback)
+        if callback not in _in_forked_child:
+            _in_forked_child.append(callback)
 
 
 def _run_in_forked_child() -> None:
@@ -50,6 +47,10 @@ def _run_in_forked_child() -> None:
     _lock = threading.Lock()  # a thread that is gone in the child may have held it
     for callback in list(_in_forked_child):
         callback()
+
+
+if hasattr(os, "register_at_fork"):  # once, on import: the lock above is renewed in every child
+    os.register_at_fork(after_in_child=_run_in_forked_child)
 
 
 def at_exit(callback: Callable[..., Any], *args: Any) -> None:

@@ -162,17 +162,21 @@ def apply_all(changes: list[Change], frames: Frames | None = None,
             patch = apply(change)
             if patch.attr == "__code__" and isinstance(patch.original, types.CodeType):
                 retired.append(patch.original)
-    busy: set[str] = set()
-    found = None
-    if deletions and frames is not None and in_use is not None:
-        names = {change.attr for change in deletions}
-        found = frames([code for code in retired if _uses(code, names)])
-        busy = in_use(found, names)
+    found, busy = _in_use_by_frames({change.attr for change in deletions}, retired, frames, in_use)
     for change in deletions:
         if change.attr in busy:
             _held.append(Held(change, found, True))
         else:
             apply(change)
+
+
+def _in_use_by_frames(names: set[str], retired: list[types.CodeType], frames: Frames | None,
+                      in_use: InUse | None) -> tuple[Any, set[str]]:
+    """(the frames of retired code naming one of ``names``, the names they use)."""
+    if not names or frames is None or in_use is None:
+        return None, set()
+    found = frames([code for code in retired if _uses(code, names)])
+    return found, in_use(found, names)
 
 
 def _uses(code: types.CodeType, names: set[str]) -> bool:
@@ -199,12 +203,7 @@ def revert_all(frames: Frames | None = None, in_use: InUse | None = None,
         if not any(patch is a for a in added):
             revert(patch)
             _forget(patch)
-    busy: set[str] = set()
-    found = None
-    if added and frames is not None and in_use is not None:
-        names = {patch.attr for patch in added}
-        found = frames([code for code in retired if _uses(code, names)])
-        busy = in_use(found, names)
+    found, busy = _in_use_by_frames({patch.attr for patch in added}, retired, frames, in_use)
     for patch in reversed(added):
         if patch.attr in busy and stand_in is not None:
             value = stand_in(patch)

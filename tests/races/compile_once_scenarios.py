@@ -111,13 +111,24 @@ def run_held(backend: Backend, targets: list[Callable[[], Any]], code: Any) -> d
         waiting = [t for t in threads if t.is_alive()]
         if all(watch.inside(t) for t in waiting) and (not waiting or backend.held):
             break
-        assert time.monotonic() < deadline, "threads never reached dynamo's callback"
+        assert time.monotonic() < deadline, \
+            f"threads never reached dynamo's callback, or none is in the backend:\n{_stacks(waiting)}"
         time.sleep(0.005)
     backend.gate.set()
     for t in threads:
         t.join(HANG)
     assert not any(t.is_alive() for t in threads), "a thread did not finish"
     return out
+
+
+def _stacks(threads: list[threading.Thread]) -> str:
+    """Where each thread is (a hang guard's message: a deadlock reads the same)."""
+    import sys
+    import traceback
+    frames = sys._current_frames()
+    return "\n".join(f"{t.name} (inside: {t.ident in frames}):\n"
+                     + "".join(traceback.format_stack(frames[t.ident])[-12:])
+                     for t in threads if t.ident in frames)
 
 
 def real_entries(fn: Callable) -> int:

@@ -126,7 +126,7 @@ def _stacks(threads: list[threading.Thread]) -> str:
     import sys
     import traceback
     frames = sys._current_frames()
-    return "\n".join(f"{t.name} (inside: {t.ident in frames}):\n"
+    return "\n".join(f"{t.name}:\n"
                      + "".join(traceback.format_stack(frames[t.ident])[-12:])
                      for t in threads if t.ident in frames)
 

@@ -91,8 +91,11 @@ class Reference:
             tracer = Tracer(())
             with tracer:
                 getattr(fxguard, what)()
-            if what == "install":
-                self.patches = [(p.owner, p.attr, p.original) for p in originals.applied()]
+            if what == "install":  # what stock had: the first change's original, per attribute
+                first = {}
+                for p in originals.applied():
+                    first.setdefault((id(p.owner), p.attr), (p.owner, p.attr, p.original))
+                self.patches = list(first.values())
             self.lines[what] = [line for line in tracer.seen if line not in tracer.nops]
             self.nops += len(tracer.nops)
         assert not self.stock_differences(), self.stock_differences()

@@ -98,7 +98,9 @@ PHASES = ("mask", "forward", "backward", "optimizer", "zero_grad", "item")
 # DRAFTER_FXGUARD_OPTIONS=compile_once=0, install() options over FXGUARD_OPTIONS (as in
 # FXGUARD_OPTIONS), in the fxguard modes; DRAFTER_WATCH_CONFIG=1, the report's
 # config_events: who set inductor's triton.cudagraphs, to what, from where (on torch
-# <= 2.11 that config is process-wide). A report names those set.
+# <= 2.11 that config is process-wide). DRAFTER_DUMP_AFTER=120, every thread's stack
+# that many seconds after a child starts, into DRAFTER_DUMP_DIR (a hang's diagnosis).
+# A report names those set.
 KNOBS = ("DRAFTER_LENGTHS", "DRAFTER_FAST", "DRAFTER_NO_GC", "DRAFTER_STREAMS", "DRAFTER_SWITCH_INTERVAL",
          "DRAFTER_BACKWARD_HERE", "DRAFTER_FAIR_BACKWARD", "DRAFTER_FXGUARD_OPTIONS", "DRAFTER_WATCH_CONFIG")
 LENGTHS = tuple(int(n) for n in os.environ.get("DRAFTER_LENGTHS", "256,512").split(","))
@@ -344,6 +346,11 @@ def _phase_ms(before: list, after: list, steps: int) -> dict:
 
 def child(mode: str, threads: int, seconds: float, out: str, ready_dir: str | None,
           device: str, probe: bool = False) -> None:
+    if os.environ.get("DRAFTER_DUMP_AFTER"):  # every thread's stack then (a hang's diagnosis)
+        import faulthandler
+        name = f"dump-{mode}-{os.getpid()}.txt"
+        dump = open(os.path.join(os.environ.get("DRAFTER_DUMP_DIR", "."), name), "w")
+        faulthandler.dump_traceback_later(float(os.environ["DRAFTER_DUMP_AFTER"]), file=dump)
     import torch
     if mode in WITH_FXGUARD:
         import fxguard

@@ -257,6 +257,36 @@ def test_the_output_code_says_whether_a_graph_draws():
     assert seen["draws"] == [False, True]
 
 
+@on_gpu
+def test_flex_attention_reads_as_drawing_nothing_and_sdpa_dropout_as_drawing():
+    """A drafter's flex attention graph records as one that draws nothing (no
+    generator state of the process held for its whole capture); aten's fused
+    attention with a dropout argument draws."""
+    from torch.nn.attention.flex_attention import flex_attention
+    seen = {}
+    original = cudagraph_rng.draws
+
+    def noting(model):
+        seen.setdefault(now[0], set()).add(original(model))
+        return original(model)
+    now = [None]
+    q = torch.randn(1, 2, 256, 64, device="cuda")
+    flex = torch.compile(fresh_function("def f(q):\n    return flex(q, q, q)\n", "f",
+                                        {"flex": flex_attention}), mode="reduce-overhead")
+    sdpa = torch.compile(fresh_function(
+        "def g(q):\n    return F.scaled_dot_product_attention(q, q, q, dropout_p=0.1)\n", "g",
+        {"F": torch.nn.functional}), mode="reduce-overhead")
+    cudagraph_rng.draws = noting
+    try:
+        with torch.no_grad():
+            for now[0], fn in (("flex", flex), ("sdpa", sdpa)):
+                for _ in range(FEW):
+                    fn(q)
+    finally:
+        cudagraph_rng.draws = original
+    assert seen == {"flex": {False}, "sdpa": {True}}
+
+
 def test_no_two_patched_rows_swap_one_function():
     """A Swap's inner is the function as the per-thread globals leave it, not as
     another row's swap does: two rows on one function, and the last one wins."""

@@ -50,10 +50,11 @@ CAPTURE_END = "torch.cuda.graphs.CUDAGraph.capture_end"
 SYNCHRONIZE = "torch.cuda.synchronize"
 
 # Names in inductor's output code that draw from a generator (its seeds come from
-# aten.randint; fallback_random keeps aten's own ops; attention kernels take a
-# dropout argument by position).  Code fxguard cannot read draws.
+# aten.randint; fallback_random keeps aten's own ops; aten's fused attention ops
+# take a dropout argument by position; flex attention's kernels draw nothing).
+# Code fxguard cannot read draws.
 DRAWS = re.compile(r"rand|bernoulli|dropout|normal|uniform|multinomial|exponential|cauchy"
-                   r"|geometric|seed|philox|attention")
+                   r"|geometric|seed|philox|scaled_dot_product|_attention_forward|transformer")
 
 
 OUTPUT_CODE = re.compile(r"call|partition_\d+")  # a graph partition's own function (2.9+)

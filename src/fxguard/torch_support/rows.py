@@ -18,6 +18,7 @@ rows, their code templates and helpers:
   ``cudagraph_capture_lock``: torch 2.13+'s capture lock per device;
   ``cudagraph_rng``: CUDA-graph random numbers per thread, syncs wait for
   recordings; ``cuda_thread``: backwards in turn in ``cuda_graph_thread()`` blocks.
+- ``kernel_tuning``: a shared Triton kernel tuned by one thread at a time.
 - ``compile_once``: threads that miss dynamo's cache together share one compile;
   ``device_guard``: the CUDA device guard of a machine without a GPU, up front.
 - ``shared_bodies``: what several modules' swapped bodies share.
@@ -30,8 +31,8 @@ from __future__ import annotations
 
 from . import (block_mask_lock, compile_lock, compile_once, compile_options, concurrent_compiles,
                config_follows_thread, config_window, cuda_thread, cudagraph_capture_lock,
-               cudagraph_rng, cudagraphs, device_guard, eager_backward, graph_codegen_lock, rng,
-               trace_state)
+               cudagraph_rng, cudagraphs, device_guard, eager_backward, graph_codegen_lock,
+               kernel_tuning, rng, trace_state)
 
 # -- every row, in the order prepare() plans them and status() shows them ----------
 # Per-thread globals first: what the other rows wrap is their code as those leave it.
@@ -43,4 +44,4 @@ ROWS = (trace_state.PER_THREAD + concurrent_compiles.PER_THREAD + trace_state.RO
         + config_follows_thread.WORKERS + graph_codegen_lock.ROWS + rng.ROWS
         + eager_backward.ROWS + config_follows_thread.THREADS
         + cudagraphs.ROWS + cudagraph_capture_lock.ROWS + cudagraph_rng.ROWS + cuda_thread.ROWS
-        + compile_once.ROWS + device_guard.ROWS + concurrent_compiles.ROWS + compile_lock.ROWS)
+        + kernel_tuning.ROWS + compile_once.ROWS + device_guard.ROWS + concurrent_compiles.ROWS + compile_lock.ROWS)

@@ -1,0 +1,89 @@
+"""A shared Triton kernel is tuned by one thread at a time.
+
+Threads that run one compiled graph launch the very same kernels
+(``CachingAutotuner``): compile once hands every thread the graph one thread
+compiled, and inductor's code cache hands every compile of one graph the same
+module.  A kernel's first launch reads ``len(self.launchers)`` with no lock
+and benchmarks every config it has; two threads' first launches benchmark
+together, and on torch 2.14+ ``benchmark_all_configs`` closes the launchers it
+did not pick while the other thread may still launch one (pytorch#198257).
+
+Here a kernel's tuning (``autotune_to_one_config``, coordinate descent) runs
+one thread at a time per kernel, and a thread that waited finds the kernel
+tuned and launches its one launcher.  Launches after the first never reach
+these functions, so they cost nothing.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from typing import Any, Iterator
+
+from ..machinery.changes import Outcome
+from ..machinery.wrapped import Swap, Wrapped, plain_function
+
+HEURISTICS = "torch._inductor.runtime.triton_heuristics"
+AUTOTUNE = f"{HEURISTICS}.CachingAutotuner.autotune_to_one_config"
+COORDESC = f"{HEURISTICS}.CachingAutotuner.coordinate_descent_tuning"
+
+
+class KernelTuning:
+    """A lock per kernel (its autotuner), made on first use; ``enabled`` False:
+    tuning runs as stock (tests see the race)."""
+
+    def __init__(self) -> None:
+        self._locks: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKeyDictionary()
+        self._made = threading.Lock()  # guards _locks (free-threaded builds too)
+        self.enabled = True
+
+    @contextlib.contextmanager
+    def held(self, autotuner: Any) -> Iterator[bool]:
+        """The kernel's tuning to this thread alone; yields whether it was taken."""
+        if not self.enabled:
+            yield False
+            return
+        with self._made:
+            lock = self._locks.get(autotuner)
+            if lock is None:
+                lock = self._locks[autotuner] = threading.RLock()
+        with lock:   # blocks with the GIL released; an interrupt while waiting takes nothing
+            yield True
+
+
+kernel_tuning = KernelTuning()
+
+# A thread that waited finds the kernel down to one launcher: nothing to tune.
+TUNE_ONCE = """\
+    with {ns}.tuning.held(self) as held:
+        if held and len(self.launchers) <= 1:
+            return None
+        return {ns}.inner({call})
+"""
+# The caller stores what this returns as the kernel's one launcher.
+DESCEND_ONCE = """\
+    with {ns}.tuning.held(self) as held:
+        if held and len(self.launchers) == 1 and self.launchers[0] is not launcher \\
+                and getattr(self.launchers[0].config, "found_by_coordesc", False):
+            return self.launchers[0]
+        return {ns}.inner({call})
+"""
+TUNING = ("tuning", lambda: kernel_tuning)
+
+
+def tuning_needed(_facts: Any) -> tuple[Outcome, str] | None:
+    autotune = plain_function(AUTOTUNE)
+    if autotune is None:
+        return Outcome.NOT_AVAILABLE, "on this torch"
+    if "launchers" not in autotune.__code__.co_names:
+        return Outcome.NOT_COVERED, ("CachingAutotuner.autotune_to_one_config is not the one "
+                                     "fxguard knows; kernels tune as stock")
+    return None
+
+
+ROWS = (
+    Wrapped("a shared kernel tuned by one thread at a time",
+            (Swap(AUTOTUNE, TUNE_ONCE, (TUNING,), params=("self",)),
+             Swap(COORDESC, DESCEND_ONCE, (TUNING,), params=("self", "launcher"))),
+            tuning_needed),
+)

@@ -1,0 +1,181 @@
+"""An interrupt at every line of fxguard's Python that a thread's CUDA-graph
+training steps run (``reduce-overhead``: warm-up, recording, replays, backwards
+in turn) leaves the function working for every thread (GPU).
+
+The main thread records first (it keeps the device's default generator state)
+and stays alive beside the others.  For each scenario (a graph that draws
+random numbers, one that draws nothing) a first run lists the lines of
+fxguard's Python a new thread's steps run in that thread: its own files and
+the code it swapped into torch.  Then, for each line, a new thread (each
+thread records graphs of its own) runs the same steps with KeyboardInterrupt
+raised at that line's first run.  Afterwards, within seconds: that thread,
+a new thread and the main thread each train steps of the same function;
+``torch.cuda.synchronize()`` and an eager draw from the default CUDA generator
+work; the default generator keeps the process's seed; no live thread is marked
+capturing and no backward turn is held.  Lines run in the autograd worker
+(the backward's recording) are not in a thread's trace.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import threading
+import time
+
+import pytest
+
+from line_faults import Tracer, short, swapped_codes
+
+torch = pytest.importorskip("torch")
+import fxguard  # noqa: E402
+from fxguard.torch_support import cudagraph_rng, cuda_thread  # noqa: E402
+
+TIMEOUT = 120.0  # a hang guard only: a step takes milliseconds
+STEPS = 4        # warm-up, recording, replays
+SEED = 1234
+SOURCES = {
+    "draws": "def f(x, w):\n    return (torch.nn.functional.dropout(x * w, 0.5) * 2 + 1).sum()\n",
+    "draws nothing": "def f(x, w):\n    return ((x * w).sin() * 2 + 1).sum()\n",
+}
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+def steps(compiled, n=STEPS) -> list[float]:
+    """n training steps of ``compiled`` on this thread's stream."""
+    x = torch.randn(4096, device="cuda")
+    w = torch.ones(4096, device="cuda", requires_grad=True)
+    losses = []
+    for _ in range(n):
+        loss = compiled(x, w)
+        loss.backward()
+        losses.append(loss.detach().clone())
+        w.grad = None
+    torch.cuda.current_stream().synchronize()
+    return [v.item() for v in losses]
+
+
+def in_thread(fn, name: str) -> tuple[bool, object]:
+    """(returned, value or exception) of fn() on a new thread inside
+    cuda_graph_thread(0); (False, 'hangs') past the guard."""
+    box: list = []
+
+    def body():
+        try:
+            with fxguard.cuda_graph_thread(0):
+                box.append((True, fn()))
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            box.append((False, e))
+    t = threading.Thread(target=body, name=name, daemon=True)
+    t.start()
+    t.join(TIMEOUT)
+    return box[0] if box else (False, "hangs")
+
+
+def traced_steps(compiled, tracer):
+    """The driver's body: steps under the tracer (the injected exception is
+    expected), then steps again on the same thread."""
+    def body():
+        try:
+            with tracer:
+                steps(compiled)
+        except BaseException:
+            if not tracer.fired:
+                raise
+        return steps(compiled)
+    return body
+
+
+def finite(losses) -> bool:
+    return all(v == v and abs(v) < float("inf") for v in losses)
+
+
+def one_case(compiled, swapped, at=None):
+    """(tracer, problems) of a new thread's steps with KeyboardInterrupt at ``at``."""
+    tracer = Tracer(swapped, at)
+    problems = []
+    ok, got = in_thread(traced_steps(compiled, tracer), "driver")
+    if not ok:
+        problems.append(f"same thread: {got!r}")
+    for who, run in {"new thread": lambda: in_thread(lambda: steps(compiled), "new"),
+                     "main thread": lambda: _here(lambda: steps(compiled))}.items():
+        ok, got = run()
+        if not ok:
+            problems.append(f"{who}: {got!r}")
+        elif not finite(got):
+            problems.append(f"{who}: losses {got}")
+    problems += device_left_clean()
+    return tracer, problems
+
+
+def _here(fn):
+    try:
+        with fxguard.cuda_graph_thread(0):
+            return True, fn()
+    except BaseException as e:  # noqa: BLE001
+        return False, e
+
+
+def device_left_clean() -> list[str]:
+    problems = []
+    box: list = []
+    t = threading.Thread(target=lambda: box.append(torch.cuda.synchronize()), daemon=True)
+    t.start()
+    t.join(TIMEOUT)
+    if t.is_alive():
+        problems.append("torch.cuda.synchronize() hangs")
+    try:
+        torch.randint(0, 1000, (64,), device="cuda")
+    except RuntimeError as e:
+        problems.append(f"an eager draw from the default generator: {e}")
+    if torch.cuda.default_generators[0].initial_seed() != SEED:
+        problems.append("the default generator was left with another state")
+    alive = {t.ident for t in threading.enumerate()}
+    marked = {i for s in cudagraph_rng.thread_streams._captures.values() for i in s} & alive
+    if marked:
+        problems.append(f"live threads marked capturing: {marked}")
+    if cuda_thread.device_turns(0).waiting():
+        problems.append("a backward turn is held")
+    return problems
+
+
+def test_an_interrupt_at_every_line_of_a_recording_leaves_the_function_working():
+    """In a child interpreter (a thread an interrupt breaks may keep torch state)."""
+    from guarded import run_test_in_child
+    run_test_in_child(__file__, "test_every_line_in_this_process", "FXGUARD_TEST_FAULTS_HERE")
+
+
+@pytest.mark.skipif(not os.environ.get("FXGUARD_TEST_FAULTS_HERE"),
+                    reason="run by test_an_interrupt_at_every_line_of_a_recording_leaves_the_function_working")
+def test_every_line_in_this_process():
+    from guarded import fresh_function
+    fxguard.install()
+    torch.manual_seed(SEED)
+    failures, not_run_again, count, started = [], [], 0, time.monotonic()
+    for scenario, source in SOURCES.items():
+        compiled = torch.compile(fresh_function(source, "f", {"torch": torch}),
+                                 mode="reduce-overhead")
+        ok, got = _here(lambda: steps(compiled))  # the main thread's graphs first
+        assert ok, got
+        swapped = swapped_codes()  # rows applied as inductor's modules were imported too
+        tracer, problems = one_case(compiled, swapped)
+        assert not problems, f"{scenario} without an exception: {problems}"
+        print(f"{scenario}: {len(tracer.seen)} lines", flush=True)
+        for line in tracer.seen:
+            if line in tracer.nops:
+                continue  # no interrupt is delivered at a NOP (line_faults.at_nop)
+            count += 1
+            case, problems = one_case(compiled, swapped, line)
+            if problems:
+                failures.append(f"{scenario}: KeyboardInterrupt at {short(line)}: "
+                                + "; ".join(problems))
+                print("FAILING", failures[-1][:600], flush=True)  # a run cut short still tells
+            elif not case.fired:
+                not_run_again.append(short(line))
+            gc.collect()
+    print(f"{count} cases in {time.monotonic() - started:.0f} s; {len(failures)} failing; "
+          f"{len(not_run_again)} lines a new thread does not run again")
+    assert count, "the tracer saw none of fxguard's lines"
+    assert not failures, (f"{len(failures)} of {count} cases leave the function broken:\n"
+                          + "\n".join(failures))
+    assert len(not_run_again) <= count // 4, not_run_again

@@ -1,0 +1,137 @@
+"""A shared Triton kernel's first launches from several threads: one thread
+tunes it, the others wait and launch the config it picked (pytorch#198257).
+
+On a GPU (marker ``gpu``): a reduction compiled under max-autotune (several
+configs per kernel) is first called by thread "tuner"; while it benchmarks the
+kernel's configs, thread "second" calls the same compiled function, which
+compile once hands the tuner's graph, so the very same kernels.  With the row,
+"second" waits for the tuning (seen parked in fxguard's lock) and never
+benchmarks beside it; with the row off ("off": every other row on), it
+benchmarks the kernel the tuner is tuning, as stock does: strict xfail.  Then
+eight threads make their first call of a fresh function together.
+
+On any machine: the row is patched once inductor's runtime is imported.
+"""
+import threading
+
+import pytest
+import torch
+
+import fxguard
+from fxguard.torch_support import kernel_tuning
+from guarded import fresh_function, held_in, wait_until
+
+SOURCE = "def f(x):\n    return (x * x).sum(dim=-1) + x.amax(dim=-1)\n"
+
+
+def on_gpu(test):
+    return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(),
+                                              reason="needs CUDA")(test))
+
+
+@pytest.fixture
+def guard(request):
+    return getattr(request, "param", "on")
+
+
+@pytest.fixture(autouse=True)
+def installed(guard):
+    fxguard.install()
+    kernel_tuning.kernel_tuning.enabled = guard == "on"
+    torch._dynamo.reset()
+    yield
+    kernel_tuning.kernel_tuning.enabled = True
+    fxguard.uninstall()
+
+
+def test_the_row_is_patched_once_inductor_runs():
+    import torch._inductor.runtime.triton_heuristics  # noqa: F401 - what the row waits for
+    rows = {r["what"]: r for r in fxguard.status()["patch_points"]}
+    assert rows["a shared kernel tuned by one thread at a time"]["outcome"] == "patched"
+
+
+def _compiled():
+    f = fresh_function(SOURCE, "f", {"torch": torch})
+    return f, torch.compile(f, mode="max-autotune-no-cudagraphs", dynamic=False)
+
+
+def _parked_in_tuning(frame) -> bool:
+    return frame.f_code is kernel_tuning.KernelTuning.held.__wrapped__.__code__
+
+
+@on_gpu
+@pytest.mark.parametrize("guard", [
+    pytest.param("off", marks=pytest.mark.xfail(
+        strict=True, reason="stock: a kernel's first launches benchmark it together")),
+    "on"], indirect=True)
+def test_a_second_first_launch_waits_for_the_tuning(guard, monkeypatch):
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+    bench = CachingAutotuner.bench
+    lock, inside, benched, overlaps = threading.Lock(), {}, set(), []
+    tuning = threading.Event()
+    threads = {}
+
+    def watched_bench(self, launcher, *args, **kwargs):
+        me = threading.current_thread().name
+        with lock:
+            benched.add(me)
+            inside.setdefault(id(self), set()).add(me)
+            if len(inside[id(self)]) > 1:
+                overlaps.append(self.fn.__name__)
+            first = me == "tuner" and not tuning.is_set()
+        try:
+            if first:
+                tuning.set()   # "second" starts now
+                wait_until(lambda: "second" in threads and (
+                    len(inside[id(self)]) > 1 or held_in(threads["second"], _parked_in_tuning)),
+                    "the second thread to wait for the tuning or to benchmark beside it", 300)
+            return bench(self, launcher, *args, **kwargs)
+        finally:
+            with lock:
+                inside[id(self)].discard(me)
+    monkeypatch.setattr(CachingAutotuner, "bench", watched_bench)
+
+    f, compiled = _compiled()
+    x = torch.randn(512, 4096, device="cuda")
+    out = {}
+
+    def call(name):
+        out[name] = compiled(x)
+        torch.cuda.synchronize()
+    threads["tuner"] = threading.Thread(target=call, args=("tuner",), name="tuner")
+    threads["tuner"].start()
+    assert tuning.wait(600), "the tuner never benchmarked a kernel"
+    threads["second"] = threading.Thread(target=call, args=("second",), name="second")
+    threads["second"].start()
+    for t in threads.values():
+        t.join(600)
+        assert not t.is_alive(), f"{t.name} hangs"
+    want = f(x)
+    for name in ("tuner", "second"):
+        torch.testing.assert_close(out[name], want)
+    assert not overlaps, f"benchmarked by two threads at once: {overlaps}"
+    assert benched == {"tuner"}
+
+
+@on_gpu
+@pytest.mark.parametrize("threads", [8])
+def test_first_launches_of_eight_threads_together(threads):
+    f, compiled = _compiled()
+    x = torch.randn(512, 4096, device="cuda")
+    start = threading.Barrier(threads)
+    out = [None] * threads
+
+    def call(i):
+        start.wait(60)
+        out[i] = compiled(x)
+        torch.cuda.synchronize()
+    workers = [threading.Thread(target=call, args=(i,)) for i in range(threads)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join(600)
+        assert not t.is_alive(), "hangs"
+    want = f(x)
+    for got in out:
+        torch.testing.assert_close(got, want)
+

@@ -139,6 +139,28 @@ def device_left_clean() -> list[str]:
     return problems
 
 
+def device_unusable() -> str | None:
+    """Why a new thread cannot use the device (a stream left capturing), or None."""
+    def use():
+        torch.cuda.synchronize()
+        return (torch.ones(1 << 20, device="cuda") * 2).sum().item()
+    box: list = []
+    t = threading.Thread(target=lambda: box.append(_try(use)), daemon=True)
+    t.start()
+    t.join(TIMEOUT)
+    if not box:
+        return "a new thread's synchronize() hangs"
+    ok, got = box[0]
+    return None if ok else repr(got)[:300]
+
+
+def _try(fn):
+    try:
+        return True, fn()
+    except BaseException as e:  # noqa: BLE001
+        return False, e
+
+
 def test_an_interrupt_at_every_line_of_a_recording_leaves_the_function_working():
     """In a child interpreter (a thread an interrupt breaks may keep torch state)."""
     from guarded import run_test_in_child
@@ -170,6 +192,11 @@ def test_every_line_in_this_process():
                 failures.append(f"{scenario}: KeyboardInterrupt at {short(line)}: "
                                 + "; ".join(problems))
                 print("FAILING", failures[-1][:600], flush=True)  # a run cut short still tells
+                unusable = device_unusable()
+                if unusable:  # every later case would fail for this one
+                    pytest.fail(f"the device is unusable after {failures[-1][:300]}: {unusable}; "
+                                f"{count} cases run, {len(failures)} failing:\n"
+                                + "\n".join(f[:300] for f in failures))
             elif not case.fired:
                 not_run_again.append(short(line))
             gc.collect()

@@ -91,6 +91,27 @@ def test_a_waiter_interrupted_gives_its_turn_up():
     finish(c)
 
 
+def test_a_turn_left_by_a_frame_that_ended_is_skipped():
+    """An interrupt anywhere (in __exit__ before the next is served, say) ends
+    the frame that held the turn: the next waiter is served all the same."""
+    turns, served = Turns(), threading.Event()
+
+    def taken_and_left():
+        turns.__enter__()   # no __exit__: as an interrupt inside it would leave it
+    holder = threading.Thread(target=taken_and_left)
+    holder.start()
+    holder.join(60)
+
+    def later():
+        with turns:
+            served.set()
+    waiter = threading.Thread(target=later)
+    waiter.start()
+    assert served.wait(60), "the turn left by an ended frame was never passed on"
+    waiter.join(60)
+    assert turns.waiting() == 0
+
+
 def test_a_turn_holder_may_start_a_backward_inside_its_own():
     turns = Turns()
     with turns:

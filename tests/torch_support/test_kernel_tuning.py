@@ -12,6 +12,7 @@ eight threads make their first call of a fresh function together.
 
 On any machine: the row is patched once inductor's runtime is imported.
 """
+import itertools
 import threading
 
 import pytest
@@ -21,7 +22,10 @@ import fxguard
 from fxguard.torch_support import kernel_tuning
 from guarded import fresh_function, held_in, wait_until
 
-SOURCE = "def f(x):\n    return (x * x).sum(dim=-1) + x.amax(dim=-1)\n"
+# A constant of its own per function: a kernel inductor's caches never handed out
+# (a kernel tuned by an earlier test is shared, already tuned, by a later one).
+SOURCE = "def f(x):\n    return (x * x).sum(dim=-1) * {k} + x.amax(dim=-1)\n"
+_kernels = itertools.count(3)
 
 
 def on_gpu(test):
@@ -51,8 +55,11 @@ def test_the_row_is_patched_once_inductor_runs():
 
 
 def _compiled():
-    f = fresh_function(SOURCE, "f", {"torch": torch})
-    return f, torch.compile(f, mode="max-autotune-no-cudagraphs", dynamic=False)
+    f = fresh_function(SOURCE.format(k=next(_kernels)), "f", {"torch": torch})
+    # Several configs per kernel, each benchmarked at the first launch (no best
+    # config from an earlier run's autotune cache).
+    return f, torch.compile(f, dynamic=False, options={
+        "max_autotune": True, "max_autotune_pointwise": True, "autotune_local_cache": False})
 
 
 def _parked_in_tuning(frame) -> bool:
@@ -100,7 +107,7 @@ def test_a_second_first_launch_waits_for_the_tuning(guard, monkeypatch):
         torch.cuda.synchronize()
     threads["tuner"] = threading.Thread(target=call, args=("tuner",), name="tuner")
     threads["tuner"].start()
-    assert tuning.wait(600), "the tuner never benchmarked a kernel"
+    assert tuning.wait(300), "the tuner never benchmarked a kernel (no kernel with several configs)"
     threads["second"] = threading.Thread(target=call, args=("second",), name="second")
     threads["second"].start()
     for t in threads.values():

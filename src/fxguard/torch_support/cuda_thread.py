@@ -17,60 +17,105 @@ Threads outside the block, and programs that never use it, run as stock.
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
+import types
 from typing import Any, Iterator
 
+from .. import interpreter
 from ..machinery.changes import Outcome
+from ..machinery.held_by_frame import on_my_stack
+from ..machinery.settle import current_frames
 from ..machinery.wrapped import Swap, Wrapped, plain_function
 from .options import Option
+
+CHECK_EVERY = 0.25  # seconds between a waiter's looks at whether the tickets before it still run
 
 
 class Turns:
     """First come, first served (threading.Lock promises no order among waiters).
-    A waiter interrupted (Ctrl-C) gives its ticket up, so the ones after it are
-    still served."""
+
+    A ticket is held by the frame that asked for it (the backward's): it counts
+    only while that frame runs on its thread's stack, so a ticket an interrupt
+    left behind, waiting or served, wherever it landed, is skipped by the next
+    look (a waiter looks every ``CHECK_EVERY`` seconds), and the ones after it
+    are still served."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._next = self._serving = 0
-        self._holder: int | None = None
+        self._tickets: dict[int, tuple[int, types.FrameType]] = {}  # ticket: (thread, frame)
         self._depth = 0   # a backward inside the holder's own (torch.autograd.grad in a hook)
-        self._given_up: set[int] = set()
 
     def __enter__(self) -> None:
-        me = threading.get_ident()
+        me, frame = threading.get_ident(), sys._getframe(1)
         with self._cond:
-            if self._holder == me:
+            self._skip_gone()
+            held = self._tickets.get(self._serving)
+            if held is not None and held[0] == me:
                 self._depth += 1
                 return
             ticket, self._next = self._next, self._next + 1
+            self._tickets[ticket] = (me, frame)
             try:
-                self._cond.wait_for(lambda: self._serving == ticket)
-            except BaseException:
-                self._given_up.add(ticket)
-                self._skip_given_up()
+                while self._serving != ticket:
+                    if not self._cond.wait(CHECK_EVERY):
+                        self._skip_gone()
+            except BaseException:   # interrupted while waiting: the ticket is given up
+                self._tickets.pop(ticket, None)
+                self._skip_gone()
                 raise
-            self._holder, self._depth = me, 1
+            self._depth = 1
 
     def __exit__(self, *exc: Any) -> None:
+        me = threading.get_ident()
         with self._cond:
+            held = self._tickets.get(self._serving)
+            if held is None or held[0] != me:
+                return   # skipped as gone (cannot be while its frame runs)
             self._depth -= 1
-            if self._depth == 0:
-                self._holder = None
-                self._serving += 1
-                self._skip_given_up()
+            if self._depth <= 0:
+                self._tickets.pop(self._serving, None)
+                self._serve_next()
 
-    def _skip_given_up(self) -> None:
-        """Serve past the tickets their waiters gave up, and wake the waiters (lock held)."""
-        while self._serving in self._given_up:
-            self._given_up.discard(self._serving)
-            self._serving += 1
+    def _serve_next(self) -> None:
+        """Serve the next ticket (lock held)."""
+        self._serving += 1
+        self._depth = 0
+        self._skip_gone()
         self._cond.notify_all()
+
+    def _skip_gone(self) -> None:
+        """Serve past tickets whose frame no longer runs (lock held)."""
+        while self._serving < self._next:
+            held = self._tickets.get(self._serving)
+            if held is not None and _runs(*held):
+                return
+            self._tickets.pop(self._serving, None)
+            self._serving += 1
+            self._depth = 0
+            self._cond.notify_all()
 
     def waiting(self) -> int:
         """Threads holding a ticket, the one served included."""
         with self._cond:
+            self._skip_gone()
             return self._next - self._serving
+
+
+def _runs(thread: int, frame: types.FrameType) -> bool:
+    """Whether ``frame`` runs on thread ``thread``'s stack.  With the GIL off
+    another thread's stack cannot be walked safely: there it counts as running."""
+    if thread == threading.get_ident():
+        return on_my_stack(frame)
+    if not interpreter.gil_enabled():
+        return True
+    here = current_frames().get(thread)
+    while here is not None:
+        if here is frame:
+            return True
+        here = here.f_back
+    return False
 
 
 class DeviceTurns:

@@ -33,6 +33,7 @@ import contextlib
 import inspect
 import logging
 import re
+import sys
 import threading
 import types
 import weakref
@@ -40,6 +41,7 @@ from typing import Any, Callable
 
 from .cudagraphs import OPTION, TREES, lane_getter, live_managers, stood_down
 from ..machinery.changes import Outcome
+from ..machinery.held_by_frame import on_my_stack
 from ..machinery.wrapped import Swap, Wrapped, plain_function
 
 log = logging.getLogger("fxguard")
@@ -153,6 +155,15 @@ class ThreadStreams:
             stack = self._plan.stack = []
         return stack
 
+    def _current(self) -> "_Plan | None":
+        """This thread's innermost recording's plan.  A plan is held by the
+        recording's frame: one an interrupt left on the stack (its frame gone)
+        is put back and dropped here."""
+        stack = self._stack()
+        while stack and not on_my_stack(stack[-1].frame):
+            stack.pop().swap_out()
+        return stack[-1] if stack else None
+
     def recording(self, device: int, model: Any) -> "_Plan":
         """A node's recording of ``model`` on ``device`` (trees' _record)."""
         if not self.enabled:
@@ -207,10 +218,11 @@ class ThreadStreams:
             torch.__version__)
 
     # -- the capture (CUDAGraph.capture_begin / capture_end) -------------------------
+    # Each step below may be interrupted: the templates call not_begun() or
+    # ended() again on any exception, and both are idempotent.
     def begin(self) -> Any:
         """Before capture_begin: the generator state the capture registers."""
-        stack = self._stack()
-        plan = stack[-1] if stack else None
+        plan = self._current()
         if plan is None or plan.device is None or plan.saved is not None:
             return None
         plan.swap_in()
@@ -220,10 +232,24 @@ class ThreadStreams:
         if plan is not None and not plan.whole:
             plan.swap_out()
 
+    def not_begun(self, graph: Any) -> None:
+        """capture_begin, or what follows it here, raised: a capture it began is
+        ended (a stream left capturing fails every later call on the device)."""
+        import torch
+        plan = self._current()
+        if plan is not None:
+            plan.swap_out()
+        if torch.cuda.is_current_stream_capturing():
+            try:
+                graph.capture_end()   # through END: unmarked there
+            except Exception:  # noqa: BLE001 - the capture is over either way
+                pass
+        self._mark_capture(False)
+
     def ended(self) -> None:
-        stack = self._stack()
-        if stack and stack[-1] is not None:
-            stack[-1].swap_out()
+        plan = self._current()
+        if plan is not None:
+            plan.swap_out()
         self._mark_capture(False)
 
     # -- who captures now (between capture_begin and capture_end) ---------------------
@@ -281,6 +307,7 @@ class _Plan:
     def __init__(self, streams: ThreadStreams, device: int | None, whole: bool) -> None:
         self.streams, self.device, self.whole = streams, device, whole
         self.saved: Any = None
+        self.frame: types.FrameType | None = None
 
     @property
     def state(self) -> Any:
@@ -300,12 +327,21 @@ class _Plan:
             self.saved = None
 
     def __enter__(self) -> "_Plan":
-        self.streams._stack().append(self)
-        return self
+        self.frame = sys._getframe(1)   # the recording's: the plan lapses with it
+        return self.streams._stack().append(self) or self  # one line: pushed and returned
+
+    def _leave(self) -> None:
+        self.swap_out()   # a capture that failed before its end
+        stack = self.streams._stack()
+        if self in stack:
+            stack.remove(self)
 
     def __exit__(self, kind: Any, error: Any, tb: Any) -> None:
-        self.swap_out()   # a capture that failed before its end
-        self.streams._stack().pop()
+        try:
+            self._leave()
+        except BaseException:
+            self._leave()   # idempotent: an interrupt inside it
+            raise
         if self.device is not None and not self.whole and isinstance(error, RuntimeError) \
                 and "not in capture mode" in str(error):
             raise RuntimeError(
@@ -333,20 +369,27 @@ RECORD = """\
     with {ns}.streams.recording(self.device, model):
         return {ns}.inner({call})
 """
+# Every line inside the try, cleanup in the handler (idempotent): an interrupt at
+# any line of the body still ends a capture it began and puts the state back.
 BEGIN = """\
-    plan = {ns}.streams.begin()
     try:
+        plan = {ns}.streams.begin()
         began = {ns}.inner({call})
         {ns}.streams.capturing()
-        return began
-    finally:
         {ns}.streams.begun(plan)
+        return began
+    except BaseException:
+        {ns}.streams.not_begun(self)
+        raise
 """
 END = """\
     try:
-        return {ns}.inner({call})
-    finally:
+        ended = {ns}.inner({call})
         {ns}.streams.ended()
+        return ended
+    except BaseException:
+        {ns}.streams.ended()
+        raise
 """
 SYNC = """\
     with {ns}.waiting(device):
@@ -377,7 +420,7 @@ def rng_needed(_facts: Any) -> tuple[Outcome, str] | None:
 ROWS = (
     Wrapped("CUDA-graph random numbers per thread",
             (Swap(NODE_RECORD, RECORD, (STREAMS,), params=("self", "model")),
-             Swap(CAPTURE_BEGIN, BEGIN, (STREAMS,)),
+             Swap(CAPTURE_BEGIN, BEGIN, (STREAMS,), params=("self",)),
              Swap(CAPTURE_END, END, (STREAMS,))),
             rng_needed, option=OPTION),
     Wrapped("torch.cuda.synchronize() waits for the device's recording",

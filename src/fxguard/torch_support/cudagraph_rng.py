@@ -26,6 +26,11 @@ capture.  ``torch.cuda.synchronize()`` and a Triton kernel's first load wait
 while another thread's capture itself (capture_begin to capture_end) runs on
 the device; not for its warm-up, which may wait for a compile they belong to.
 A single thread's captures run as stock.
+
+An interrupt anywhere in these bodies leaves no stream capturing and no
+state swapped in: capture_begin's and capture_end's bodies end a capture left
+open and put the default state back on any exception, and a recording's plan
+is held by the recording's frame (one an interrupt left behind lapses with it).
 """
 from __future__ import annotations
 
@@ -246,6 +251,17 @@ class ThreadStreams:
                 pass
         self._mark_capture(False)
 
+    def not_ended(self, end: Callable[[Any], Any], graph: Any) -> None:
+        """capture_end, or what follows it here, raised: a capture still open
+        (an interrupt before torch's capture_end ran) is ended all the same."""
+        import torch
+        if torch.cuda.is_current_stream_capturing():
+            try:
+                end(graph)
+            except Exception:  # noqa: BLE001 - the capture is over either way
+                pass
+        self.ended()
+
     def ended(self) -> None:
         plan = self._current()
         if plan is not None:
@@ -388,7 +404,7 @@ END = """\
         {ns}.streams.ended()
         return ended
     except BaseException:
-        {ns}.streams.ended()
+        {ns}.streams.not_ended({ns}.inner, self)
         raise
 """
 SYNC = """\
@@ -421,7 +437,7 @@ ROWS = (
     Wrapped("CUDA-graph random numbers per thread",
             (Swap(NODE_RECORD, RECORD, (STREAMS,), params=("self", "model")),
              Swap(CAPTURE_BEGIN, BEGIN, (STREAMS,), params=("self",)),
-             Swap(CAPTURE_END, END, (STREAMS,))),
+             Swap(CAPTURE_END, END, (STREAMS,), params=("self",))),
             rng_needed, option=OPTION),
     Wrapped("torch.cuda.synchronize() waits for the device's recording",
             (Swap(SYNCHRONIZE, SYNC, (("waiting", lambda: recording_on),),

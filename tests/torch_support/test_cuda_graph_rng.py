@@ -339,3 +339,19 @@ def test_device_calls_wait_for_another_threads_capture_only():
     with streams.no_capture_on(1):  # the ended thread's mark goes
         pass
     assert streams._captures[1] == set()
+
+
+def test_a_recordings_plan_lapses_with_its_frame():
+    """A plan an interrupt left on the thread's stack (its __exit__ skipped)
+    is not the next recording's: it lapses with the frame that made it."""
+    from fxguard.torch_support.cudagraph_rng import ThreadStreams, _Plan
+    streams = ThreadStreams(lambda: threading.get_ident)
+
+    def recording_left_open():
+        _Plan(streams, None, whole=False).__enter__()  # no __exit__, as an interrupt leaves it
+        assert streams._current() is not None          # while its frame runs: current
+    recording_left_open()
+    assert streams._current() is None and streams._stack() == []
+    with _Plan(streams, None, whole=False) as plan:
+        assert streams._current() is plan
+    assert streams._stack() == []

@@ -50,20 +50,22 @@ class Turns:
     def __enter__(self) -> None:
         me, frame = threading.get_ident(), sys._getframe(1)
         with self._cond:
-            self._skip_gone()
             held = self._tickets.get(self._serving)
             if held is not None and held[0] == me:
-                self._depth += 1
-                return
+                if on_my_stack(held[1]):
+                    self._depth += 1   # a backward inside its own
+                    return
+                self._tickets.pop(self._serving)   # its frame ended: an interrupt left it
+                self._skip_gone(check_frames=False)
             ticket, self._next = self._next, self._next + 1
             self._tickets[ticket] = (me, frame)
             try:
                 while self._serving != ticket:
                     if not self._cond.wait(CHECK_EVERY):
-                        self._skip_gone()
+                        self._skip_gone(check_frames=True)
             except BaseException:   # interrupted while waiting: the ticket is given up
                 self._tickets.pop(ticket, None)
-                self._skip_gone()
+                self._skip_gone(check_frames=False)
                 raise
             self._depth = 1
 
@@ -76,30 +78,28 @@ class Turns:
             self._depth -= 1
             if self._depth <= 0:
                 self._tickets.pop(self._serving, None)
-                self._serve_next()
+                self._skip_gone(check_frames=False)
 
-    def _serve_next(self) -> None:
-        """Serve the next ticket (lock held)."""
-        self._serving += 1
-        self._depth = 0
-        self._skip_gone()
-        self._cond.notify_all()
-
-    def _skip_gone(self) -> None:
-        """Serve past tickets whose frame no longer runs (lock held)."""
+    def _skip_gone(self, check_frames: bool) -> None:
+        """Serve past the served ticket where it was given up or released (and,
+        with ``check_frames``, where its frame no longer runs: a waiter's
+        periodic look, since walking other threads' stacks costs); wake the
+        waiters (lock held)."""
+        moved = False
         while self._serving < self._next:
             held = self._tickets.get(self._serving)
-            if held is not None and _runs(*held):
-                return
+            if held is not None and (not check_frames or _runs(*held)):
+                break
             self._tickets.pop(self._serving, None)
             self._serving += 1
             self._depth = 0
+            moved = True
+        if moved:
             self._cond.notify_all()
 
     def waiting(self) -> int:
         """Threads holding a ticket, the one served included."""
         with self._cond:
-            self._skip_gone()
             return self._next - self._serving
 
 

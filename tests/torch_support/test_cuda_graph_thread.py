@@ -234,4 +234,6 @@ def test_three_drafters_as_users_write_them(variant):
     for t in threads:
         t.join(600)
     assert errors == [], "\n".join(errors)
+    assert not any(t.is_alive() for t in threads), "a drafter stalls"
+    assert sorted(losses) == [0, 1, 2]
     assert all(len(v) == 12 and all(x == x for x in v) for v in losses.values())

@@ -10,7 +10,8 @@ benchmarks beside it; with the row off ("off": every other row on), it
 benchmarks the kernel the tuner is tuning, as stock does: strict xfail.  Then
 eight threads make their first call of a fresh function together.
 
-On any machine: the row is patched once inductor's runtime is imported.
+On any machine: the row is patched once inductor's runtime is imported, and
+its helper holds one kernel's tuning to one thread at a time.
 """
 import itertools
 import threading
@@ -52,6 +53,40 @@ def test_the_row_is_patched_once_inductor_runs():
     import torch._inductor.runtime.triton_heuristics  # noqa: F401 - what the row waits for
     rows = {r["what"]: r for r in fxguard.status()["patch_points"]}
     assert rows["a shared kernel tuned by one thread at a time"]["outcome"] == "patched"
+
+
+def test_one_kernels_tuning_is_one_threads_at_a_time():
+    """The helper alone (any machine): a second thread's hold on the same kernel
+    waits for the first's; another kernel's does not; off, nothing is held."""
+    tuning = kernel_tuning.KernelTuning()
+    kernel, other = type("Kernel", (), {})(), type("Kernel", (), {})()
+    inside, second_in, release = threading.Event(), threading.Event(), threading.Event()
+
+    def first():
+        with tuning.held(kernel) as held:
+            assert held
+            inside.set()
+            assert release.wait(60)
+
+    def second():
+        with tuning.held(kernel):
+            second_in.set()
+    a = threading.Thread(target=first)
+    a.start()
+    assert inside.wait(60)
+    with tuning.held(other) as held:  # another kernel: no wait
+        assert held
+    b = threading.Thread(target=second)
+    b.start()
+    wait_until(lambda: held_in(b, _parked_in_tuning), "the second thread to wait")
+    assert not second_in.is_set()
+    release.set()
+    a.join(60)
+    b.join(60)
+    assert second_in.is_set()
+    tuning.enabled = False
+    with tuning.held(kernel) as held:
+        assert held is False
 
 
 def _compiled():

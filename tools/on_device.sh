@@ -6,6 +6,8 @@
 #   tools/on_device.sh bench MODES    benchmarks/cuda_graph_drafters.py --save, MODES added to one report
 #   tools/on_device.sh probe MODES TAG  the same modes under --probe (diagnosis, not saved) into
 #                                     $OUT/probe-TAG.json, a line per mode on stdout; DRAFTER_* knobs pass through
+#   tools/on_device.sh faults         the CUDA-graph fault harness in this process (-s: each failing
+#                                     case printed as it comes), into $OUT/faults.txt
 #   tools/on_device.sh diag MODES TAG   the same without --probe (what stock torch <= 2.12 needs in
 #                                     one-fast-stock), 3 s windows; the summary shows the first error's traceback
 # Each step runs under `timeout` (STEP_TIMEOUT, default 560 s: less where the call also
@@ -15,7 +17,7 @@ cd "$(dirname "$0")/.."
 repo=$PWD
 out=${OUT:-/tmp/fxguard-device}
 mkdir -p "$out"
-step=${1:?build, tests, bench, probe or diag}
+step=${1:?build, tests, faults, bench, probe or diag}
 shift
 case "$step" in
   build)
@@ -28,6 +30,12 @@ case "$step" in
     [ $# -gt 0 ] || set -- -m gpu
     (cd /tmp && timeout 540 python3 -m pytest -q -p no:cacheprovider -rxXs \
        --junitxml="$out/gpu-tests.xml" "$repo/tests" "$@" 2>&1 | tail -40) | tee "$out/gpu-tests.txt"
+    ;;
+  faults)
+    (cd tests/faults && FXGUARD_TEST_FAULTS_HERE=1 timeout "${STEP_TIMEOUT:-560}" python3 -m pytest \
+       -q -s -p no:cacheprovider --tb=short test_interrupt_cuda_graphs.py::test_every_line_in_this_process \
+       > "$out/faults.txt" 2>&1)
+    grep -E "^FAILING|lines$|cases in|passed|failed" "$out/faults.txt" | cut -c1-300 | tail -30
     ;;
   bench)
     # One report over several calls: benchmarks/out/ (ignored) stays on a warm machine,

@@ -355,3 +355,39 @@ def test_a_recordings_plan_lapses_with_its_frame():
     with _Plan(streams, None, whole=False) as plan:
         assert streams._current() is plan
     assert streams._stack() == []
+
+
+def test_a_capture_on_a_thread_threading_does_not_list_is_waited_for():
+    """The autograd worker records a backward's graph on a C++ thread that
+    threading.enumerate() does not list; its capture mark must hold a sync off
+    all the same (a thread made by _thread stands in for it)."""
+    import _thread
+    from fxguard.torch_support.cudagraph_rng import ThreadStreams
+    from guarded import held_in, wait_until
+    streams = ThreadStreams(lambda: threading.get_ident)
+    marked, release, done = threading.Event(), threading.Event(), threading.Event()
+
+    def capturer():
+        with streams._capture_cond:
+            streams._captures[0] = {_thread.get_ident()}
+        marked.set()
+        release.wait(60)
+        with streams._capture_cond:
+            streams._captures[0].clear()
+            streams._capture_cond.notify_all()
+        done.set()
+    _thread.start_new_thread(capturer, ())
+    assert marked.wait(60)
+    passed = threading.Event()
+
+    def caller():
+        with streams.no_capture_on(0):
+            passed.set()
+    b = threading.Thread(target=caller)
+    b.start()
+    wait_until(lambda: passed.is_set() or held_in(b, lambda f: f.f_code.co_name == "no_capture_on"),
+               "the sync to wait for the capture or to pass it")
+    assert not passed.is_set(), "a sync ran during a capture on an unlisted thread"
+    release.set()
+    b.join(60)
+    assert passed.is_set() and done.wait(60)

@@ -47,6 +47,7 @@ from typing import Any, Callable
 from .cudagraphs import OPTION, TREES, lane_getter, live_managers, stood_down
 from ..machinery.changes import Outcome
 from ..machinery.held_by_frame import on_my_stack
+from ..machinery.settle import current_frames
 from ..machinery.wrapped import Swap, Wrapped, plain_function
 
 log = logging.getLogger("fxguard")
@@ -302,7 +303,9 @@ class ThreadStreams:
                 others = self._captures.get(device, set()) - {me}
                 if not others:
                     break
-                alive = {t.ident for t in threading.enumerate()}
+                # Threads running Python now: a capture runs inside the recording's
+                # frames, the autograd worker's too (a C++ thread threading does not list).
+                alive = set(current_frames())
                 self._captures[device] -= others - alive  # a thread that ended mid-capture
                 if others & alive:
                     self._capture_cond.wait(0.05)

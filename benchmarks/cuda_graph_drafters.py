@@ -102,7 +102,8 @@ PHASES = ("mask", "forward", "backward", "optimizer", "zero_grad", "item")
 # that many seconds after a child starts, into DRAFTER_DUMP_DIR (a hang's diagnosis).
 # A report names those set.
 KNOBS = ("DRAFTER_LENGTHS", "DRAFTER_FAST", "DRAFTER_NO_GC", "DRAFTER_STREAMS", "DRAFTER_SWITCH_INTERVAL",
-         "DRAFTER_BACKWARD_HERE", "DRAFTER_FAIR_BACKWARD", "DRAFTER_FXGUARD_OPTIONS", "DRAFTER_WATCH_CONFIG")
+         "DRAFTER_BACKWARD_HERE", "DRAFTER_FAIR_BACKWARD", "DRAFTER_FXGUARD_OPTIONS", "DRAFTER_WATCH_CONFIG",
+         "DRAFTER_DUMP_AFTER")
 LENGTHS = tuple(int(n) for n in os.environ.get("DRAFTER_LENGTHS", "256,512").split(","))
 FAST_PIECES = tuple(os.environ.get("DRAFTER_FAST", "mask,model,optimizer").split(","))
 OWN_STREAMS = os.environ.get("DRAFTER_STREAMS") != "0"

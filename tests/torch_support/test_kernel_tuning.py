@@ -10,8 +10,9 @@ benchmarks beside it; with the row off ("off": every other row on), it
 benchmarks the kernel the tuner is tuning, as stock does: strict xfail.  Then
 eight threads make their first call of a fresh function together.
 
-On any machine: the row is patched once inductor's runtime is imported, and
-its helper holds one kernel's tuning to one thread at a time.
+On any machine: the row is patched once inductor's runtime is imported, stands
+down with a WARNING on an autotune it does not know, and its helper holds one
+kernel's tuning to one thread at a time.
 """
 import itertools
 import threading
@@ -53,6 +54,25 @@ def test_the_row_is_patched_once_inductor_runs():
     import torch._inductor.runtime.triton_heuristics  # noqa: F401 - what the row waits for
     rows = {r["what"]: r for r in fxguard.status()["patch_points"]}
     assert rows["a shared kernel tuned by one thread at a time"]["outcome"] == "patched"
+
+
+def test_an_autotune_fxguard_does_not_know_stands_down_with_a_warning(monkeypatch, caplog):
+    """A torch whose autotune_to_one_config is another (it keeps no launchers):
+    the row stands down with a WARNING, the function is left as it is."""
+    fxguard.uninstall()
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    def autotune_to_one_config(self, *args, **kwargs):
+        return self.pick(*args, **kwargs)
+    monkeypatch.setattr(CachingAutotuner, "autotune_to_one_config", autotune_to_one_config)
+    code = autotune_to_one_config.__code__
+    with caplog.at_level("WARNING", logger="fxguard"):
+        rows = {r["what"]: r for r in fxguard.install()["patch_points"]}
+    row = rows["a shared kernel tuned by one thread at a time"]
+    assert row["outcome"] == "not covered" and not row["patched"]
+    assert "kernels tune as stock" in caplog.text
+    assert CachingAutotuner.autotune_to_one_config is autotune_to_one_config
+    assert autotune_to_one_config.__code__ is code
 
 
 def test_one_kernels_tuning_is_one_threads_at_a_time():

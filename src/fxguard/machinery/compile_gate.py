@@ -34,8 +34,7 @@ import threading
 import types
 from typing import Any
 
-from .. import interpreter
-from .settle import current_frames
+from .held_by_frame import runs_on
 
 CHECK_EVERY = 0.25  # seconds between a waiter's looks at whether the owner's frame still runs
 
@@ -58,20 +57,8 @@ class Ticket:
         return not self.done and self.owner == threading.get_ident()
 
     def running(self) -> bool:
-        """Whether the frame that took the ticket still runs on its thread.  With
-        the GIL off another thread's stack cannot be walked safely: there it
-        counts as running (a ticket an interrupt leaked waits, as it did)."""
-        if self.owner == threading.get_ident():
-            frame = sys._getframe(1)
-        elif not interpreter.gil_enabled():
-            return True
-        else:
-            frame = current_frames().get(self.owner)
-        while frame is not None:
-            if frame is self.frame:
-                return True
-            frame = frame.f_back
-        return False
+        """Whether the frame that took the ticket still runs on its thread."""
+        return runs_on(self.owner, self.frame)
 
 
 class CompileGate:

@@ -8,12 +8,30 @@ interrupt can skip: the next look finds it stale.
 from __future__ import annotations
 
 import sys
+import threading
 import types
+
+from .. import interpreter
+from .settle import current_frames
 
 
 def on_my_stack(owner: types.FrameType) -> bool:
     """Whether ``owner`` is running on the calling thread's stack."""
-    frame = sys._getframe(1)
+    return _on_stack(sys._getframe(1), owner)
+
+
+def runs_on(thread: int, owner: types.FrameType) -> bool:
+    """Whether ``owner`` is running on thread ``thread``'s stack.  With the GIL
+    off another thread's stack cannot be walked safely: there it counts as
+    running (state an interrupt leaked waits, as it would without this)."""
+    if thread == threading.get_ident():
+        return _on_stack(sys._getframe(1), owner)
+    if not interpreter.gil_enabled():
+        return True
+    return _on_stack(current_frames().get(thread), owner)
+
+
+def _on_stack(frame: types.FrameType | None, owner: types.FrameType) -> bool:
     while frame is not None:
         if frame is owner:
             return True

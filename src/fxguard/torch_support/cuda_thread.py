@@ -22,10 +22,8 @@ import threading
 import types
 from typing import Any, Iterator
 
-from .. import interpreter
 from ..machinery.changes import Outcome
-from ..machinery.held_by_frame import on_my_stack
-from ..machinery.settle import current_frames
+from ..machinery.held_by_frame import on_my_stack, runs_on
 from ..machinery.wrapped import Swap, Wrapped, plain_function
 from .options import Option
 
@@ -88,7 +86,7 @@ class Turns:
         moved = False
         while self._serving < self._next:
             held = self._tickets.get(self._serving)
-            if held is not None and (not check_frames or _runs(*held)):
+            if held is not None and (not check_frames or runs_on(*held)):
                 break
             self._tickets.pop(self._serving, None)
             self._serving += 1
@@ -101,21 +99,6 @@ class Turns:
         """Threads holding a ticket, the one served included."""
         with self._cond:
             return self._next - self._serving
-
-
-def _runs(thread: int, frame: types.FrameType) -> bool:
-    """Whether ``frame`` runs on thread ``thread``'s stack.  With the GIL off
-    another thread's stack cannot be walked safely: there it counts as running."""
-    if thread == threading.get_ident():
-        return on_my_stack(frame)
-    if not interpreter.gil_enabled():
-        return True
-    here = current_frames().get(thread)
-    while here is not None:
-        if here is frame:
-            return True
-        here = here.f_back
-    return False
 
 
 class DeviceTurns:

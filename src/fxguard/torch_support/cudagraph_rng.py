@@ -224,8 +224,8 @@ class ThreadStreams:
             torch.__version__)
 
     # -- the capture (CUDAGraph.capture_begin / capture_end) -------------------------
-    # Each step below may be interrupted: the templates call not_begun() or
-    # ended() again on any exception, and both are idempotent.
+    # Each step below may be interrupted: the templates call close() on any
+    # exception, and it is idempotent.
     def begin(self) -> Any:
         """Before capture_begin: the generator state the capture registers."""
         plan = self._current()
@@ -238,27 +238,14 @@ class ThreadStreams:
         if plan is not None and not plan.whole:
             plan.swap_out()
 
-    def not_begun(self, graph: Any) -> None:
-        """capture_begin, or what follows it here, raised: a capture it began is
-        ended (a stream left capturing fails every later call on the device)."""
-        import torch
-        plan = self._current()
-        if plan is not None:
-            plan.swap_out()
-        if torch.cuda.is_current_stream_capturing():
-            try:
-                graph.capture_end()   # through END: unmarked there
-            except Exception:  # noqa: BLE001 - the capture is over either way
-                pass
-        self._mark_capture(False)
-
-    def not_ended(self, end: Callable[[Any], Any], graph: Any) -> None:
-        """capture_end, or what follows it here, raised: a capture still open
-        (an interrupt before torch's capture_end ran) is ended all the same."""
+    def close(self, end_capture: Callable[[], Any]) -> None:
+        """capture_begin, capture_end or what follows either here raised: a
+        capture still open is ended (a stream left capturing fails every later
+        call on the device), the default state put back, the mark dropped."""
         import torch
         if torch.cuda.is_current_stream_capturing():
             try:
-                end(graph)
+                end_capture()
             except Exception:  # noqa: BLE001 - the capture is over either way
                 pass
         self.ended()
@@ -347,7 +334,8 @@ class _Plan:
 
     def __enter__(self) -> "_Plan":
         self.frame = sys._getframe(1)   # the recording's: the plan lapses with it
-        return self.streams._stack().append(self) or self  # one line: pushed and returned
+        self.streams._stack().append(self)
+        return self
 
     def _leave(self) -> None:
         self.swap_out()   # a capture that failed before its end
@@ -398,7 +386,7 @@ BEGIN = """\
         {ns}.streams.begun(plan)
         return began
     except BaseException:
-        {ns}.streams.not_begun(self)
+        {ns}.streams.close(self.capture_end)
         raise
 """
 END = """\
@@ -407,7 +395,7 @@ END = """\
         {ns}.streams.ended()
         return ended
     except BaseException:
-        {ns}.streams.not_ended({ns}.inner, self)
+        {ns}.streams.close(lambda: {ns}.inner(self))
         raise
 """
 SYNC = """\

@@ -8,10 +8,12 @@ and benchmarks every config it has; two threads' first launches benchmark
 together, and on torch 2.14+ ``benchmark_all_configs`` closes the launchers it
 did not pick while the other thread may still launch one (pytorch#198257).
 
-Here a kernel's tuning (``autotune_to_one_config``, coordinate descent) runs
-one thread at a time per kernel, and a thread that waited finds the kernel
-tuned and launches its one launcher.  Launches after the first never reach
-these functions, so they cost nothing.
+Here a kernel's autotuning (``autotune_to_one_config``) runs one thread at a
+time per kernel, and a thread that waited finds the kernel tuned and launches
+its one launcher.  Launches after the first never reach it, so they cost
+nothing.  Coordinate descent is left as stock: two threads' descents each
+build launchers of their own and close none (the last result is kept), and
+on torch <= 2.12 some kernels call it at every launch.
 """
 from __future__ import annotations
 
@@ -25,7 +27,6 @@ from ..machinery.wrapped import Swap, Wrapped, plain_function
 
 HEURISTICS = "torch._inductor.runtime.triton_heuristics"
 AUTOTUNE = f"{HEURISTICS}.CachingAutotuner.autotune_to_one_config"
-COORDESC = f"{HEURISTICS}.CachingAutotuner.coordinate_descent_tuning"
 
 
 class KernelTuning:
@@ -60,14 +61,6 @@ TUNE_ONCE = """\
             return None
         return {ns}.inner({call})
 """
-# The caller stores what this returns as the kernel's one launcher.
-DESCEND_ONCE = """\
-    with {ns}.tuning.held(self) as held:
-        if held and len(self.launchers) == 1 and self.launchers[0] is not launcher \\
-                and getattr(self.launchers[0].config, "found_by_coordesc", False):
-            return self.launchers[0]
-        return {ns}.inner({call})
-"""
 TUNING = ("tuning", lambda: kernel_tuning)
 
 
@@ -83,7 +76,6 @@ def tuning_needed(_facts: Any) -> tuple[Outcome, str] | None:
 
 ROWS = (
     Wrapped("a shared kernel tuned by one thread at a time",
-            (Swap(AUTOTUNE, TUNE_ONCE, (TUNING,), params=("self",)),
-             Swap(COORDESC, DESCEND_ONCE, (TUNING,), params=("self", "launcher"))),
+            (Swap(AUTOTUNE, TUNE_ONCE, (TUNING,), params=("self",)),),
             tuning_needed),
 )

@@ -22,13 +22,15 @@ def on_my_stack(owner: types.FrameType) -> bool:
 
 def runs_on(thread: int, owner: types.FrameType) -> bool:
     """Whether ``owner`` is running on thread ``thread``'s stack.  With the GIL
-    off another thread's stack cannot be walked safely: there it counts as
-    running (state an interrupt leaked waits, as it would without this)."""
+    off another thread's stack cannot be walked safely (it runs on): there the
+    answer is whether that thread runs Python at all, so state a thread left
+    when it ended lapses, and state an interrupt left in a live thread waits."""
     if thread == threading.get_ident():
         return _on_stack(sys._getframe(1), owner)
+    frames = current_frames()
     if not interpreter.gil_enabled():
-        return True
-    return _on_stack(current_frames().get(thread), owner)
+        return thread in frames
+    return _on_stack(frames.get(thread), owner)
 
 
 def _on_stack(frame: types.FrameType | None, owner: types.FrameType) -> bool:

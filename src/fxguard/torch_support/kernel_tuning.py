@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from typing import Any, Iterator
+from typing import Any
 
 from ..machinery.changes import Outcome
 from ..machinery.wrapped import Swap, Wrapped, plain_function
@@ -38,26 +38,25 @@ class KernelTuning:
         self._made = threading.Lock()  # guards _locks (free-threaded builds too)
         self.enabled = True
 
-    @contextlib.contextmanager
-    def held(self, autotuner: Any) -> Iterator[bool]:
-        """The kernel's tuning to this thread alone; yields whether it was taken."""
+    def lock_for(self, autotuner: Any) -> Any:
+        """The kernel's tuning lock (a no-op where not enabled).  Taken by the
+        swapped function's own ``with``, so its frame releases it, whatever
+        exception leaves the block; waiting for it releases the GIL."""
         if not self.enabled:
-            yield False
-            return
+            return contextlib.nullcontext()
         with self._made:
             lock = self._locks.get(autotuner)
             if lock is None:
                 lock = self._locks[autotuner] = threading.RLock()
-        with lock:   # blocks with the GIL released; an interrupt while waiting takes nothing
-            yield True
+        return lock
 
 
 kernel_tuning = KernelTuning()
 
 # A thread that waited finds the kernel down to one launcher: nothing to tune.
 TUNE_ONCE = """\
-    with {ns}.tuning.held(self) as held:
-        if held and len(self.launchers) <= 1:
+    with {ns}.tuning.lock_for(self):
+        if {ns}.tuning.enabled and len(self.launchers) <= 1:
             return None
         return {ns}.inner({call})
 """

@@ -320,7 +320,20 @@ def test_stress_many_threads_trace_and_call(guard):
     assert all(counts[k] > 0 for k in ks) and counts["calls"] == counts["fired"] > 0, counts
     if guard == "on":
         assert _core._tracing_records() == 0
-        assert vars(math)["sqrt"] is math.sqrt and type(globals()["scaled"]) is not _core.Dispatch
+        assert vars(math)["sqrt"] is math.sqrt and type(globals()["scaled"]) is not _core.Dispatch, \
+            _left_in_place(globals(), "scaled")
+
+
+def _left_in_place(container, name):
+    """What a failure needs to be understood: the Dispatch left there, what it
+    stands for, and whether fxguard's registry still knows it."""
+    from fxguard.machinery import per_thread_patching
+    d = container[name]
+    entry = per_thread_patching._dispatchers.get((id(container), name))
+    return (f"{name}: {d!r}, original {getattr(d, 'original', None)!r}, "
+            f"main thread's override {getattr(d, 'override', lambda _: None)(None)!r}, "
+            f"registry entry {'none' if entry is None else 'holds it' if entry.held is d else 'another'}, "
+            f"threads alive {[t.name for t in threading.enumerate()]}")
 
 
 def test_status_rows_and_a_missing_patch_point_is_reported_not_refused(monkeypatch):

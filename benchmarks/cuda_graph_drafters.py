@@ -99,11 +99,13 @@ PHASES = ("mask", "forward", "backward", "optimizer", "zero_grad", "item")
 # FXGUARD_OPTIONS), in the fxguard modes; DRAFTER_WATCH_CONFIG=1, the report's
 # config_events: who set inductor's triton.cudagraphs, to what, from where (on torch
 # <= 2.11 that config is process-wide). DRAFTER_DUMP_AFTER=120, every thread's stack
-# that many seconds after a child starts, into DRAFTER_DUMP_DIR (a hang's diagnosis).
-# A report names those set.
+# that many seconds after a child starts, into DRAFTER_DUMP_DIR (a hang's diagnosis);
+# DRAFTER_STALL_DUMP=20, the same (and fxguard's capture marks and turns) once, when a
+# drafter has made no step for that long while another made some (a stall, caught as
+# it happens). A report names those set.
 KNOBS = ("DRAFTER_LENGTHS", "DRAFTER_FAST", "DRAFTER_NO_GC", "DRAFTER_STREAMS", "DRAFTER_SWITCH_INTERVAL",
          "DRAFTER_BACKWARD_HERE", "DRAFTER_FAIR_BACKWARD", "DRAFTER_FXGUARD_OPTIONS", "DRAFTER_WATCH_CONFIG",
-         "DRAFTER_DUMP_AFTER")
+         "DRAFTER_DUMP_AFTER", "DRAFTER_STALL_DUMP")
 LENGTHS = tuple(int(n) for n in os.environ.get("DRAFTER_LENGTHS", "256,512").split(","))
 FAST_PIECES = tuple(os.environ.get("DRAFTER_FAST", "mask,model,optimizer").split(","))
 OWN_STREAMS = os.environ.get("DRAFTER_STREAMS") != "0"
@@ -282,6 +284,42 @@ class Drafters:
                 self.all_lengths[i] = time.perf_counter() - self.start
 
 
+def _watch_for_a_stall(drafters, mode: str, after: float) -> None:
+    """Once a drafter has made no step for ``after`` seconds while another made
+    some: every thread's stack and fxguard's view (who is marked capturing, who
+    holds the backward turn), into DRAFTER_DUMP_DIR."""
+    import faulthandler
+    last, moved = list(drafters.steps), [time.perf_counter()] * len(drafters.steps)
+    while not drafters.stop.wait(1.0):
+        now, steps = time.perf_counter(), list(drafters.steps)
+        for i, n in enumerate(steps):
+            if n != last[i]:
+                last[i], moved[i] = n, now
+        stalled = [i for i, t in enumerate(moved) if now - t > after]
+        if stalled and len(stalled) < len(steps):
+            name = f"stall-{mode}-{os.getpid()}.txt"
+            with open(os.path.join(os.environ.get("DRAFTER_DUMP_DIR", "."), name), "w") as f:
+                f.write(f"drafters {stalled} made no step for {after:.0f} s; steps {steps}\n"
+                        f"{_fxguard_view()}\n")
+                f.flush()
+                faulthandler.dump_traceback(file=f, all_threads=True)
+            return
+
+
+def _fxguard_view() -> str:
+    """Who fxguard sees capturing per device, and the backward turns' state (diagnosis)."""
+    try:
+        from fxguard.torch_support import cudagraph_rng, cuda_thread
+        names = {t.ident: t.name for t in threading.enumerate()}
+        captures = {d: [names.get(t, t) for t in ts] for d, ts in cudagraph_rng.thread_streams._captures.items()}
+        turns = {d: {"serving": t._serving, "next": t._next,
+                     "tickets": {n: names.get(who, who) for n, (who, _) in t._tickets.items()}}
+                 for d, t in cuda_thread.device_turns._turns.items()}
+        return f"capturing: {captures}; turns: {turns}"
+    except Exception as e:  # a diagnosis only
+        return f"fxguard not read: {e!r}"
+
+
 def _graphed_here(torch, device: str) -> str:
     """What this thread's CUDA-graph tree holds (for a first error): each function's
     mode and where its first output was made, so a graph that should not be there
@@ -371,6 +409,9 @@ def child(mode: str, threads: int, seconds: float, out: str, ready_dir: str | No
                for i in range(threads)]
     for t in workers:
         t.start()
+    if os.environ.get("DRAFTER_STALL_DUMP"):
+        threading.Thread(target=_watch_for_a_stall, args=(drafters, mode, float(os.environ["DRAFTER_STALL_DUMP"])),
+                         daemon=True, name="stall-watch").start()
     deadline = time.perf_counter() + 400
     while len(drafters.all_lengths) < threads and not drafters.stop.is_set() and time.perf_counter() < deadline:
         time.sleep(0.05)

@@ -13,7 +13,7 @@ import time
 
 import pytest
 import torch
-from guarded import both_ways, run_raising
+from guarded import both_ways, needs, run_raising
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import fxguard
@@ -257,6 +257,35 @@ def test_dispatchers_only_while_installed_and_globals_only_while_patched():
     assert after.keys() == before.keys() and all(after[k] is before[k] for k in before)
 
 
+@needs("torch._export.non_strict_utils._override_builtin_ops")
+@both_ways(always_races)
+def test_a_tracer_built_during_anothers_export_autowraps_maths_own_functions(guard):
+    """While A's non-strict export holds in its module's forward, B builds a
+    Tracer and calls math.pow: the Tracer autowraps math's own functions, and
+    math.pow is math's.  Stock: the export set math.pow to a lambda for the
+    process; B's Tracer takes the lambda's id, and a later function at that
+    address (a wrapper of B's own trace) is patched twice and stays patched."""
+    pow_before, ids_before = vars(math)["pow"], torch.fx.Tracer()._autowrap_function_ids
+    a = Net(6)
+    seen = {}
+
+    def exporter():
+        seen["graph"] = trace("export", a)
+
+    def builder():
+        try:
+            assert a.pause.inside.wait(WAIT)
+            seen["ids"] = torch.fx.Tracer()._autowrap_function_ids
+            seen["pow"] = math.pow(2.0, 0.5)
+        finally:
+            a.pause.release.set()
+
+    run_held((exporter, a.pause), (builder, None))
+    assert seen["ids"] == ids_before
+    assert seen["pow"] == pow_before(2.0, 0.5) and vars(math)["pow"] is pow_before
+    assert seen["graph"] == reference("export", 6)
+
+
 class _CallsBack:
     """An Event stand-in whose set() runs a check from inside the trace."""
 
@@ -278,6 +307,7 @@ def test_stress_many_threads_trace_and_call(guard):
     that only calls a hooked module; no lock: every graph equals its solo
     trace, zero errors."""
     ks = range(10, 10 + STRESS_THREADS)
+    pow_before = vars(math)["pow"]
     for k in ks:
         for kind in KINDS:
             reference(kind, k)
@@ -320,6 +350,7 @@ def test_stress_many_threads_trace_and_call(guard):
     assert all(counts[k] > 0 for k in ks) and counts["calls"] == counts["fired"] > 0, counts
     if guard == "on":
         assert _core._tracing_records() == 0
+        assert vars(math)["pow"] is pow_before, vars(math)["pow"]  # export swaps it while it traces
         assert vars(math)["sqrt"] is math.sqrt and type(globals()["scaled"]) is not _core.Dispatch, \
             _left_in_place(globals(), "scaled")
 

@@ -153,8 +153,15 @@ def _entry(container: object, name: str) -> Entry | None:
     return entry
 
 
+def _slots(container: object) -> object:
+    """Where container.name lives: a module's names are its dict's items, one
+    slot whether a library patches the module (``math.pow = f``) or its dict
+    (``math.__dict__["pow"] = f``), so both find the same Dispatch."""
+    return vars(container) if isinstance(container, types.ModuleType) else container
+
+
 def _thread_value(container: object, name: str) -> Any:
-    entry = _entry(container, name)
+    entry = _entry(_slots(container), name)
     if entry is not None:
         return _resolve(entry.dispatch, container)
     if isinstance(container, dict):
@@ -185,6 +192,7 @@ _NONE = object()  # "this thread has no override"
 def _set(container: object, name: str, value: Any) -> None:
     if isinstance(value, _core.Dispatch):
         value = _resolve(value, container)  # one read in a race: what it stood for
+    container = _slots(container)
     with _changing:
         entry = _entry(container, name) or _dispatch_from_now_on(container, name)
         d = entry.dispatch
@@ -196,6 +204,7 @@ def _set(container: object, name: str, value: Any) -> None:
 
 
 def _delete(container: object, name: str) -> None:
+    container = _slots(container)
     with _changing:
         entry = _entry(container, name)
         if entry is None or entry.dispatch.original is not MISSING:

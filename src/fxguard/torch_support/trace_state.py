@@ -124,6 +124,16 @@ PATCHING: tuple[Patching, ...] = (
         keep_identity=(("torch.nn.Module.__getattr__",
                         (f"{PATCHER_MODULE}._orig_module_getattr",)),),
     ),
+    # Non-strict export sets math.pow to a lambda for the whole process while it
+    # traces: a Tracer built meanwhile in another thread takes that lambda's id
+    # for an autowrapped math function, and a later function at that address
+    # (a wrapper of its own trace) is patched twice, which leaves it patched.
+    # (builtins.max/min, swapped there too, are left as stock: docs/limits.md.)
+    Patching(
+        "torch._export.non_strict_utils",
+        functions=("_override_builtin_ops",),
+        containers=("math",),
+    ),
 )
 
 

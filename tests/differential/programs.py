@@ -98,6 +98,26 @@ def export_dynamic():
 
 
 @program()
+def export_non_strict_math_pow_and_max():
+    """Non-strict export of a forward that calls math.pow and max (the export
+    swaps both while it traces), with a dynamic size; then math.pow as before."""
+    import math
+
+    from torch.export import Dim, export
+    pow_before = math.pow
+
+    class Scale(nn.Module):
+        def forward(self, x):
+            return x * math.pow(x.shape[0], 0.5) + max(x.shape[0], 3)
+
+    x = torch.randn(4, 8)
+    exported = export(Scale(), (x,), dynamic_shapes={"x": {0: Dim("n", min=2, max=64)}},
+                      strict=False)
+    return [exported.module()(x), exported.module()(torch.randn(9, 8)),
+            str(exported.graph_module.code), str(math.pow is pow_before)]
+
+
+@program()
 def make_fx_symbolic():
     """make_fx in symbolic mode of a function with a random op."""
     from torch.fx.experimental.proxy_tensor import make_fx

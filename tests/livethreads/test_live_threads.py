@@ -47,7 +47,13 @@ ARGS = {"annotate": ({},)}
 @functools.lru_cache(maxsize=None)
 def _plan():
     """(functions whose code install() swaps, modules whose globals it makes per
-    thread, those globals) on this torch; made once, when a test first asks."""
+    thread, those globals) on this torch; made once, when a test first asks.
+    The modules rows wait for are imported first, so their rows are in it too."""
+    import importlib
+    waiting = fxguard.install()["waiting"]
+    fxguard.uninstall()
+    for module in waiting:
+        importlib.import_module(module)
     fxguard.install()
     try:
         patches = originals.applied()

@@ -286,6 +286,34 @@ def test_a_tracer_built_during_anothers_export_autowraps_maths_own_functions(gua
     assert seen["graph"] == reference("export", 6)
 
 
+@needs("torch._export.non_strict_utils._override_builtin_ops")
+@pytest.mark.parametrize("guard", ["off", "on"], indirect=True)
+def test_an_export_inside_anothers_trace_leaves_math_as_it_was(guard):
+    """While A's symbolic_trace holds in its module's forward (its autowrap has
+    patched math's functions in math's dict, math.pow among them), B runs a whole
+    non-strict export, which sets math.pow on the module and puts it back: then A
+    ends, and math's dict holds what it held before.  Stock passes (one process-wide
+    slot); fxguard must see the module's attribute and its dict's item as one slot."""
+    math_before = dict(vars(math))
+    a = Net(7)
+    seen = {}
+
+    def tracer():
+        seen["a"] = trace("symbolic_trace", a)
+
+    def exporter():
+        try:
+            assert a.pause.inside.wait(WAIT)
+            seen["b"] = trace("export", Net(8))
+        finally:
+            a.pause.release.set()
+
+    run_held((tracer, a.pause), (exporter, None))
+    assert (seen["a"], seen["b"]) == (reference("symbolic_trace", 7), reference("export", 8))
+    changed = [name for name, value in vars(math).items() if math_before.get(name) is not value]
+    assert changed == [], {name: vars(math)[name] for name in changed}
+
+
 class _CallsBack:
     """An Event stand-in whose set() runs a check from inside the trace."""
 

@@ -179,3 +179,30 @@ def test_a_windowed_config_of_plain_values_stands_down(monkeypatch, caplog):
     assert any("config window per thread" in m and "plain values" in m for m in caplog.messages)
     assert type(config._config["capture_scalar_outputs"]) is entry  # not overlaid, nothing half-done
     fxguard.uninstall()
+
+
+def test_an_export_that_no_longer_swaps_math_stands_its_row_down(monkeypatch, caplog, tmp_path):
+    """A release whose non-strict export swaps only builtins (no math.pow): that
+    row stands down with a WARNING, the function keeps its code, the rest applies."""
+    import torch._export.non_strict_utils as nsu
+    if not hasattr(nsu, "_override_builtin_ops"):
+        pytest.skip("this torch has no _override_builtin_ops")
+    source = tmp_path / "non_strict_utils.py"
+    source.write_text("import builtins\nimport contextlib\n\n\n@contextlib.contextmanager\n"
+                      "def _override_builtin_ops():\n    original_max = builtins.max\n"
+                      "    try:\n        yield\n    finally:\n        builtins.max = original_max\n")
+    namespace = {"__name__": nsu.__name__}
+    exec(compile(source.read_text(), str(source), "exec"), namespace)
+    monkeypatch.setattr(nsu, "__file__", str(source))  # its functions are the new release's
+    monkeypatch.setitem(vars(nsu), "_override_builtin_ops", namespace["_override_builtin_ops"])
+    code = namespace["_override_builtin_ops"].__wrapped__.__code__
+    with caplog.at_level(logging.WARNING, logger="fxguard"):
+        info = fxguard.install()
+    rows = {r["where"]: r["outcome"] for r in info["patch_points"]}
+    assert rows["torch._export.non_strict_utils._override_builtin_ops"] == "not covered"
+    assert rows["torch.fx._symbolic_trace._PatchedFnSetItem"] == "patched"
+    assert any("_override_builtin_ops" in m and "math" in m for m in caplog.messages)
+    assert namespace["_override_builtin_ops"].__wrapped__.__code__ is code  # not half-swapped
+    with nsu._override_builtin_ops():
+        pass
+    fxguard.uninstall()

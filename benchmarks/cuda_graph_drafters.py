@@ -102,10 +102,11 @@ PHASES = ("mask", "forward", "backward", "optimizer", "zero_grad", "item")
 # that many seconds after a child starts, into DRAFTER_DUMP_DIR (a hang's diagnosis);
 # DRAFTER_STALL_DUMP=20, the same (and fxguard's capture marks and turns) once, when a
 # drafter has made no step for that long while another made some (a stall, caught as
-# it happens). A report names those set.
+# it happens). DRAFTER_WATCH_RECORDINGS=1, the report's recordings: how fxguard
+# planned each CUDA-graph recording, per thread. A report names those set.
 KNOBS = ("DRAFTER_LENGTHS", "DRAFTER_FAST", "DRAFTER_NO_GC", "DRAFTER_STREAMS", "DRAFTER_SWITCH_INTERVAL",
          "DRAFTER_BACKWARD_HERE", "DRAFTER_FAIR_BACKWARD", "DRAFTER_FXGUARD_OPTIONS", "DRAFTER_WATCH_CONFIG",
-         "DRAFTER_DUMP_AFTER", "DRAFTER_STALL_DUMP")
+         "DRAFTER_DUMP_AFTER", "DRAFTER_STALL_DUMP", "DRAFTER_WATCH_RECORDINGS")
 LENGTHS = tuple(int(n) for n in os.environ.get("DRAFTER_LENGTHS", "256,512").split(","))
 FAST_PIECES = tuple(os.environ.get("DRAFTER_FAST", "mask,model,optimizer").split(","))
 OWN_STREAMS = os.environ.get("DRAFTER_STREAMS") != "0"
@@ -200,6 +201,7 @@ class Drafters:
         self.all_lengths: dict[int, float] = {}
         self.errors: list[str] = []
         self.first_error = ""  # its traceback: an error kind alone rarely says where
+        self.ended: set[int] = set()  # drafters whose thread ended on an error
         self.stop = threading.Event()
         self.start = time.perf_counter()
         self.backward_turns = Turns() if FAIR_BACKWARD and variant is None else contextlib.nullcontext()
@@ -210,6 +212,18 @@ class Drafters:
         blocks, so a step's fresh tensors (its block mask) land at other addresses
         each step, and a backward's CUDA graph, which takes every saved forward
         input as static, records anew each step (docs/cuda-graphs.md)."""
+        try:
+            self._run(i)
+        except BaseException as e:  # counted: a drafter that ends is a failure, never a quiet 0
+            self._count(e, f"drafter {i} ended: ")
+            self.ended.add(i)
+
+    def _count(self, e: BaseException, prefix: str = "") -> None:
+        self.errors.append(prefix + _harness.error_kind(e))
+        if not self.first_error:
+            self.first_error = traceback.format_exc()[-4000:] + _graphed_here(self.torch, self.device)
+
+    def _run(self, i: int) -> None:
         torch = self.torch
         if self.device == "cuda":
             torch.cuda.set_device(0)
@@ -250,8 +264,8 @@ class Drafters:
         while not self.stop.is_set():
             length = LENGTHS[n % len(LENGTHS)]
             n += 1
-            ids = torch.randint(0, VOCAB, (BATCH, length), device=self.device, generator=data)
             try:
+                ids = torch.randint(0, VOCAB, (BATCH, length), device=self.device, generator=data)
                 if "optimizer-graphed" in fast:  # two graphed calls a step: say where one begins
                     torch.compiler.cudagraph_mark_step_begin()
                 clock = _PhaseClock(self.phases[i])
@@ -272,9 +286,7 @@ class Drafters:
                     torch.cuda.synchronize()
                 clock.tick(5)
             except Exception as e:  # counted, the drafter goes on
-                self.errors.append(_harness.error_kind(e))
-                if not self.first_error:
-                    self.first_error = traceback.format_exc()[-4000:] + _graphed_here(torch, self.device)
+                self._count(e)
                 if len(self.errors) > 100:
                     self.stop.set()
             self.steps[i] += 1
@@ -318,6 +330,40 @@ def _fxguard_view() -> str:
         return f"capturing: {captures}; turns: {turns}"
     except Exception as e:  # a diagnosis only
         return f"fxguard not read: {e!r}"
+
+
+def _watch_recordings() -> dict:
+    """How fxguard planned each CUDA-graph recording, counted per thread: whether
+    it read the graph as drawing (and the word it matched), whose generator state."""
+    from fxguard.torch_support import cudagraph_rng as rng
+    seen: dict[str, int] = {}
+    plan_for = rng.ThreadStreams.recording
+
+    def recording(self, device, model):
+        plan = plan_for(self, device, model)
+        text = None if model is None else rng._output_code(model)
+        match = rng.DRAWS.search(text) if text else None
+        key = (f"{threading.current_thread().name}: "
+               + ("manager's first" if model is None else "code not found" if text is None else
+                  f"draws ({match.group(0)})" if match else "draws nothing")
+               + f"; own state: {plan.device is not None}, whole capture: {plan.whole}")
+        seen[key] = seen.get(key, 0) + 1
+        return plan
+    rng.ThreadStreams.recording = recording
+    return seen
+
+
+def _fxguard_warnings() -> list[str]:
+    """fxguard's WARNINGs in this process, as they come (a report names what a user saw)."""
+    import logging
+    said: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if len(said) < 5:
+                said.append(f"[{threading.current_thread().name}] {record.getMessage()[:400]}")
+    logging.getLogger("fxguard").addHandler(Keep(logging.WARNING))
+    return said
 
 
 def _graphed_here(torch, device: str) -> str:
@@ -395,6 +441,7 @@ def child(mode: str, threads: int, seconds: float, out: str, ready_dir: str | No
         import fxguard
         from fxguard.startup import parse_options
         fxguard.install(**{**FXGUARD_OPTIONS, **parse_options(os.environ.get("DRAFTER_FXGUARD_OPTIONS", ""))})
+    said = _fxguard_warnings()
     if SWITCH_INTERVAL:
         sys.setswitchinterval(float(SWITCH_INTERVAL))
     if NO_GC:
@@ -404,6 +451,7 @@ def child(mode: str, threads: int, seconds: float, out: str, ready_dir: str | No
         import _cuda_graph_probe
         prober = _cuda_graph_probe.Probe()
     config_events = _watch_cudagraphs_config(torch) if os.environ.get("DRAFTER_WATCH_CONFIG") == "1" else None
+    recordings = _watch_recordings() if os.environ.get("DRAFTER_WATCH_RECORDINGS") == "1" else None
     drafters = Drafters(threads, fast="fast" in mode, device=device, variant=VARIANTS.get(mode))
     workers = [threading.Thread(target=drafters.run, args=(i,), daemon=True, name=f"drafter-{i}")
                for i in range(threads)]
@@ -413,7 +461,8 @@ def child(mode: str, threads: int, seconds: float, out: str, ready_dir: str | No
         threading.Thread(target=_watch_for_a_stall, args=(drafters, mode, float(os.environ["DRAFTER_STALL_DUMP"])),
                          daemon=True, name="stall-watch").start()
     deadline = time.perf_counter() + 400
-    while len(drafters.all_lengths) < threads and not drafters.stop.is_set() and time.perf_counter() < deadline:
+    while len(drafters.all_lengths) < threads and not drafters.stop.is_set() and not drafters.ended \
+            and time.perf_counter() < deadline:
         time.sleep(0.05)
     if ready_dir:  # processes: every one starts its window together
         open(os.path.join(ready_dir, str(os.getpid())), "w").close()
@@ -450,12 +499,15 @@ def child(mode: str, threads: int, seconds: float, out: str, ready_dir: str | No
         "phase_ms_per_step": _phase_ms(phases0, phases1, sum(window)),
         "errors": len(drafters.errors), "error_kinds": sorted(set(drafters.errors))[:5],
         "first_error": drafters.first_error,
+        "fxguard_warnings": said,
         "graphs": int(torch._dynamo.utils.counters["stats"]["unique_graphs"]),
     }
     if probe:
         result["probe"] = probed
     if config_events is not None:
         result["config_events"] = config_events
+    if recordings is not None:
+        result["recordings"] = recordings
     with open(out, "w") as f:
         json.dump(result, f)
 

@@ -67,6 +67,8 @@ STALL_MODES = ("stock", "serialized", "fxguard")
 LLAMA_MODES = ("stock", "serialized", "fxguard", "fxguard-no-share")
 ONCE_MODES = ("processes", "threads", "fxguard-no-share", "fxguard", "one-lock")
 GRAPH_MODES = ("threads-fast", "threads-plain", "one-fast", "one-plain", "processes-fast")
+# cuda_graph_drafters.py's VARIANTS: the fast step as users write it, 3 threads
+USER_MODES = ("api", "default-generator", "dropout", "default-stream", "no-turns")
 
 
 def _once_ratio(base: str, key: str):
@@ -198,6 +200,15 @@ HEADLINES = {
         ("GPU peak: threads ÷ processes",
          lambda r: ratio(r.get("ratios", {}).get("gpu_memory_threads_vs_processes"))),
         ("errors", lambda r: modes(r, GRAPH_MODES, "errors", text)),
+        ("the user's step, threads ÷ processes: " + " / ".join(USER_MODES),
+         lambda r: " / ".join(ratio(r.get("ratios", {}).get(f"{m.replace('-', '_')}_threads_vs_processes"))
+                              for m in USER_MODES)),
+        ("the user's step: fairness", lambda r: modes(r, tuple(f"threads-fast-{m}" for m in USER_MODES),
+                                                      "fairness")),
+        ("the user's step: errors", lambda r: modes(r, tuple(f"threads-fast-{m}" for m in USER_MODES),
+                                                    "errors", text)),
+        ("GPU peak: api threads ÷ processes",
+         lambda r: ratio(r.get("ratios", {}).get("gpu_memory_api_threads_vs_processes"))),
     ],
     "eager_backward_cost": [("device", _device)] + [
         (column, lambda r, c=case, k=key: ratio(r["seconds"][f"{c} eager"][k] / r["seconds"][f"{c} lazy"][k]))

@@ -611,9 +611,10 @@ def ratios(modes: dict) -> dict:
                          ("fast_threads_vs_one_fast", "threads-fast", "one-fast", rate),
                          ("one_fast_vs_stock", "one-fast", "one-fast-stock", rate),
                          ("gpu_memory_threads_vs_processes", "threads-fast", "processes-fast", mem),
-                         ("api_threads_vs_processes", "threads-fast-api", "processes-fast", rate),
                          ("api_threads_vs_recipe", "threads-fast-api", "threads-fast", rate),
-                         ("no_turns_vs_processes", "threads-fast-no-turns", "processes-fast", rate)):
+                         *((f"{m[len('threads-fast-'):].replace('-', '_')}_threads_vs_processes", m,
+                            "processes-fast", rate) for m in VARIANTS),
+                         ("gpu_memory_api_threads_vs_processes", "threads-fast-api", "processes-fast", mem)):
         if f(a) and f(b):
             out[key] = round(f(a) / f(b), 3)
     return out

@@ -68,7 +68,7 @@ LLAMA_MODES = ("stock", "serialized", "fxguard", "fxguard-no-share")
 ONCE_MODES = ("processes", "threads", "fxguard-no-share", "fxguard", "one-lock")
 GRAPH_MODES = ("threads-fast", "threads-plain", "one-fast", "one-plain", "processes-fast")
 # cuda_graph_drafters.py's VARIANTS: the fast step as users write it, 3 threads
-USER_MODES = ("api", "default-generator", "dropout", "default-stream", "no-turns")
+USER_MODES = ("api", "default-generator", "dropout", "default-stream", "no-turns", "paced")
 
 
 def _once_ratio(base: str, key: str):

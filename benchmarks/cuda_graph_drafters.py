@@ -29,7 +29,7 @@ peak (the parent polls the device; CUDA contexts included).
         [--resume part.json]
 
 The user's variants (``threads-fast-api``, ``-default-generator``, ``-dropout``,
-``-default-stream``, ``-no-turns``: ``VARIANTS``) run the fast step as users write
+``-default-stream``, ``-no-turns``, ``-paced``: ``VARIANTS``) run the fast step as users write
 it, with fxguard's ``cuda_graph_thread()`` in place of the hand-written stream and
 turns, each with its errors counted.
 
@@ -67,13 +67,15 @@ FXGUARD_OPTIONS = {"cuda_graphs_per_thread": True}
 # backwards in turn) instead of the hand-written stream and Turns; the others
 # change one thing each: the batch from the default CUDA generator, dropout in the
 # graphed model, the default stream with no turns and a device sync each step
-# (what a user who knows none of it writes), no turns.
+# (what a user who knows none of it writes), no turns, backwards paced (none more
+# than two ahead of the slowest thread: cuda_graph_thread(turns="paced")).
 VARIANTS = {
     "threads-fast-api": {},
     "threads-fast-default-generator": {"default_generator": True},
     "threads-fast-dropout": {"dropout": 0.1},
     "threads-fast-default-stream": {"api": False, "sync": True},
     "threads-fast-no-turns": {"turns": False},
+    "threads-fast-paced": {"turns": "paced"},
 }
 MODES = ("threads-fast", "threads-plain", "one-plain", "one-fast", "processes-fast", "threads-fast-stock",
          "one-fast-stock", *VARIANTS)

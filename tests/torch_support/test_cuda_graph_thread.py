@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import fxguard
-from fxguard.torch_support.cuda_thread import Turns, cuda_graph_thread, device_turns
+from fxguard.torch_support.cuda_thread import Pace, Turns, cuda_graph_thread, device_turns
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -121,6 +121,101 @@ def test_a_turn_holder_may_start_a_backward_inside_its_own():
     assert turns.waiting() == 0
 
 
+def _start(pace: Pace, times: int = 1) -> None:
+    for _ in range(times):
+        with pace:
+            pass
+
+
+def _paced_in_thread(pace: Pace, times: int, name: str):
+    """A thread that starts ``times`` backwards under ``pace``; (thread, done event)."""
+    done = threading.Event()
+
+    def run():
+        _start(pace, times)
+        done.set()
+    t = threading.Thread(target=run, name=name, daemon=True)
+    t.start()
+    return t, done
+
+
+def test_a_paced_thread_waits_once_it_is_lead_ahead_of_the_slowest():
+    pace, behind_started = Pace(lead=2, idle=3600), threading.Event()
+    go_on = threading.Event()
+
+    def behind():
+        _start(pace)                      # 1 backward
+        behind_started.set()
+        assert go_on.wait(120)
+        _start(pace)                      # 2: the one ahead may go on
+    b = threading.Thread(target=behind, daemon=True)
+    b.start()
+    assert behind_started.wait(120)
+    a, done = _paced_in_thread(pace, 4, "ahead")   # 1, 2, 3 pass; the 4th is 3 ahead: waits
+    while pace._started.get(a.ident, (0,))[0] < 3:
+        threading.Event().wait(0.001)
+    assert not done.wait(0.2), "a thread three ahead of the slowest started a backward"
+    go_on.set()
+    assert done.wait(120), "the thread ahead was not let go when the slowest caught up"
+    b.join(120)
+    a.join(120)
+
+
+def test_the_slowest_paced_thread_never_waits():
+    pace = Pace(lead=0, idle=3600)
+    a, done = _paced_in_thread(pace, 1, "ahead")
+    assert done.wait(120)
+    b, done = _paced_in_thread(pace, 1, "level")   # level with the other: no wait
+    assert done.wait(120)
+    for t in (a, b):
+        t.join(120)
+
+
+def test_a_paced_thread_that_left_or_idles_is_not_waited_for():
+    pace = Pace(lead=0, idle=3600)
+    left = threading.Thread(target=lambda: (_start(pace), pace.leave()), daemon=True)
+    left.start()
+    left.join(120)
+    idle = threading.Thread(target=lambda: _start(pace), daemon=True)  # ends without leave()
+    idle.start()
+    idle.join(120)
+    pace.idle = 0.05    # a thread that started none for that long is not waited for
+    a, done = _paced_in_thread(pace, 5, "alone")
+    assert done.wait(120), "a paced thread waited for a thread that left or stopped starting backwards"
+    a.join(120)
+
+
+def test_a_paced_wait_interrupted_leaves_nothing_held():
+    """Pace holds nothing while a backward runs; a wait cut short changes no count."""
+    import ctypes
+    pace = Pace(lead=0, idle=3600)
+    _start(pace)     # the main thread: 1 backward, then it stays behind
+    done, interrupted = threading.Event(), threading.Event()
+
+    def ahead():
+        try:
+            _start(pace, 3)      # its 3rd start waits for the main thread
+            done.set()
+        except KeyboardInterrupt:
+            interrupted.set()
+    a = threading.Thread(target=ahead, daemon=True)
+    a.start()
+    while pace._started.get(a.ident, (0,))[0] < 2:
+        threading.Event().wait(0.001)
+    assert not done.wait(0.1)
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(a.ident), ctypes.py_object(KeyboardInterrupt))
+    a.join(120)
+    assert interrupted.is_set() and not done.is_set()
+    assert pace._started[a.ident][0] == 2 and pace.waiting() == 0
+    _start(pace)     # the main thread goes on, waiting for nobody
+
+
+def test_cuda_graph_thread_names_what_turns_takes():
+    with pytest.raises(ValueError, match="True, False or 'paced'"):
+        with cuda_graph_thread(turns="fair"):
+            pass
+
+
 @pytest.mark.gpu
 @CUDA
 def test_a_block_runs_on_a_stream_of_its_own_after_the_threads_earlier_work():
@@ -214,7 +309,7 @@ def _drafter_step(variant, seed):
 
 @pytest.mark.gpu
 @CUDA
-@pytest.mark.parametrize("variant", ["default-generator", "dropout", "default-stream"])
+@pytest.mark.parametrize("variant", ["default-generator", "dropout", "default-stream", "paced"])
 def test_three_drafters_as_users_write_them(variant):
     barrier, errors, losses = threading.Barrier(3), [], {}
 
@@ -224,7 +319,7 @@ def test_three_drafters_as_users_write_them(variant):
             if variant == "default-stream":
                 losses[seed] = _drafter_step(variant, seed)
             else:
-                with cuda_graph_thread():
+                with cuda_graph_thread(turns="paced" if variant == "paced" else True):
                     losses[seed] = _drafter_step(variant, seed)
         except Exception:  # noqa: BLE001  (reported below, with where it was raised)
             errors.append(traceback.format_exc()[-3000:])

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+import time
 import types
 from typing import Any, Iterator
 
@@ -101,12 +102,62 @@ class Turns:
             return self._next - self._serving
 
 
+class Pace:
+    """No thread starts a backward more than ``lead`` ahead of the slowest
+    thread that keeps starting them: the worker's queue stays full (threads
+    ahead wait, never the one behind), and steps stay within ``lead`` of each
+    other.  Nothing is held while a backward runs, so an interrupt leaves
+    nothing behind.  A thread that started none for ``idle`` seconds (ended,
+    evaluating, interrupted) is not waited for, and starts level with the
+    others when it comes back."""
+
+    def __init__(self, lead: int = 2, idle: float = 0.5) -> None:
+        self.lead, self.idle = lead, idle
+        self._cond = threading.Condition()
+        self._started: dict[int, tuple[int, float]] = {}  # thread: (backwards started, when last)
+
+    def __enter__(self) -> None:
+        me = threading.get_ident()
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                others = {t: c for t, (c, last) in self._started.items()
+                          if t != me and now - last < self.idle}
+                mine = self._started.get(me)
+                if mine is None or now - mine[1] >= self.idle:
+                    count = min(others.values(), default=0)   # new or back: level with the others
+                else:
+                    count = mine[0]
+                if not others or count <= min(others.values()) + self.lead:
+                    break
+                # the slowest ones start a backward, or go idle and are not waited for
+                slowest = min(last for t, (c, last) in self._started.items() if t in others
+                              and c == min(others.values()))
+                self._cond.wait(min(max(slowest + self.idle - now, 0.001), CHECK_EVERY))
+            self._started[me] = (count + 1, time.monotonic())
+            self._cond.notify_all()
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+    def leave(self) -> None:
+        """The calling thread's block ends: not waited for from now on."""
+        with self._cond:
+            self._started.pop(threading.get_ident(), None)
+            self._cond.notify_all()
+
+    def waiting(self) -> int:
+        return 0   # holds nothing: a fault harness finds no turn held
+
+
 class DeviceTurns:
-    """One Turns per device, made on first use; which device a thread's
-    backwards take turns on (None: not in a cuda_graph_thread block)."""
+    """One Turns (or Pace) per device, made on first use; which device a
+    thread's backwards take turns on, and how (None: not in a
+    cuda_graph_thread block)."""
 
     def __init__(self) -> None:
         self._turns: dict[int, Turns] = {}
+        self._paces: dict[int, Pace] = {}
         self._made = threading.Lock()
         self._thread = threading.local()
 
@@ -117,33 +168,46 @@ class DeviceTurns:
                 turns = self._turns.setdefault(device, Turns())
         return turns
 
+    def pace(self, device: int) -> Pace:
+        pace = self._paces.get(device)
+        if pace is None:
+            with self._made:
+                pace = self._paces.setdefault(device, Pace())
+        return pace
+
     @contextlib.contextmanager
-    def taking(self, device: int | None) -> Iterator[None]:
+    def taking(self, device: int | None, paced: bool = False) -> Iterator[None]:
         stack = getattr(self._thread, "devices", None)
         if stack is None:
             stack = self._thread.devices = []
-        stack.append(device)
+        stack.append((device, paced))
         try:
             yield
         finally:
             stack.pop()
+            if paced and device is not None:
+                self.pace(device).leave()
 
     def held(self) -> Any:
-        """What a backward holds in this thread: its device's turn, or nothing."""
+        """What a backward holds in this thread: its device's turn, its pace, or nothing."""
         stack = getattr(self._thread, "devices", None)
-        device = stack[-1] if stack else None
-        return self(device) if device is not None else contextlib.nullcontext()
+        device, paced = stack[-1] if stack else (None, False)
+        if device is None:
+            return contextlib.nullcontext()
+        return self.pace(device) if paced else self(device)
 
 
 device_turns = DeviceTurns()
 
 
 @contextlib.contextmanager
-def cuda_graph_thread(device: Any = None, *, turns: bool = True) -> Iterator[Any]:
+def cuda_graph_thread(device: Any = None, *, turns: bool | str = True) -> Iterator[Any]:
     """Run the block on ``device`` (the current one where None) with a CUDA stream
     of its own, its backwards started in turn with the device's other such
-    threads (``turns=True``).  Yields the stream.  Wrap a drafter thread's whole
-    loop, model and optimizer set-up included::
+    threads (``turns=True``: one at a time, first come first served;
+    ``turns="paced"``: together, none more than two ahead of the slowest;
+    ``False``: as torch queues them).  Yields the stream.  Wrap a drafter
+    thread's whole loop, model and optimizer set-up included::
 
         def drafter(device):
             with cuda_graph_thread(device):
@@ -151,6 +215,8 @@ def cuda_graph_thread(device: Any = None, *, turns: bool = True) -> Iterator[Any
 
     Backwards in turn need fxguard installed (option cuda_graphs_per_thread);
     without it the block gives the stream only."""
+    if turns not in (True, False, "paced"):
+        raise ValueError(f"cuda_graph_thread(turns=...): True, False or 'paced', not {turns!r}")
     import torch
     index = torch.cuda._utils._get_device_index(device, optional=True)
     with torch.cuda.device(index):
@@ -158,7 +224,8 @@ def cuda_graph_thread(device: Any = None, *, turns: bool = True) -> Iterator[Any
         stream = torch.cuda.Stream(index)
         stream.wait_stream(before)
         try:
-            with torch.cuda.stream(stream), device_turns.taking(index if turns else None):
+            with torch.cuda.stream(stream), \
+                    device_turns.taking(index if turns else None, paced=turns == "paced"):
                 yield stream
         finally:
             before.wait_stream(stream)

@@ -46,7 +46,9 @@ case "$step" in
     timeout "${STEP_TIMEOUT:-560}" python3 benchmarks/cuda_graph_drafters.py --modes "$modes" --seconds "${SECONDS_WINDOW:-15}" \
       --resume "$part" --json "$part" --save 2>&1 | tail -20
     cp "$part" "$out/" 2>/dev/null
-    cp -r benchmarks/results/cuda_graph_drafters "$out/results" 2>/dev/null
+    # the newest saved report alone ($OUT brings back 8 files at most)
+    saved=$(ls -t benchmarks/results/cuda_graph_drafters/*.json 2>/dev/null | head -1)
+    [ -n "$saved" ] && cp "$saved" "$out/saved-$(basename "$saved")"
     ;;
   probe)
     modes=${1:?modes, comma-separated}

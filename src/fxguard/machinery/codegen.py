@@ -92,12 +92,13 @@ def wrapper_code(fn: types.FunctionType, body: str) -> types.CodeType:
     if original.co_freevars:
         # Same free variables (a method using super() has __class__), so that
         # the code fits fn's closure: define them in an enclosing function and
-        # name each once in the body.
+        # name each once, after the body: where every path of the body returns
+        # or raises that line is dead code, so no line of the wrapper runs
+        # before the body's own first line (whose try: covers the rest).
         free = original.co_freevars
         source = (f"def __fxguard_outer__():\n    {' = '.join(free)} = None\n" +
-                  "\n".join("    " + line for line in source.splitlines()).replace(
-                      "):\n", f"):\n        {', '.join(free)}\n", 1) +
-                  f"\n    return {original.co_name}\n")
+                  "\n".join("    " + line for line in source.splitlines()) +
+                  f"\n        {', '.join(free)}\n    return {original.co_name}\n")
     namespace: dict[str, Any] = {}
     exec(compile(source, original.co_filename, "exec"), namespace)
     made = namespace["__fxguard_outer__"]() if original.co_freevars else namespace[original.co_name]

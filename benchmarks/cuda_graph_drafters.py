@@ -301,8 +301,11 @@ class Drafters:
 def _watch_for_a_stall(drafters, mode: str, after: float) -> None:
     """Once a drafter has made no step for ``after`` seconds while another made
     some: every thread's stack and fxguard's view (who is marked capturing, who
-    holds the backward turn), into DRAFTER_DUMP_DIR."""
+    holds the backward turn), into DRAFTER_DUMP_DIR.  Armed once every drafter
+    has stepped (before, the first steps wait for compiles)."""
     import faulthandler
+    while not all(drafters.steps) and not drafters.ended and not drafters.stop.wait(1.0):
+        pass
     last, moved = list(drafters.steps), [time.perf_counter()] * len(drafters.steps)
     while not drafters.stop.wait(1.0):
         now, steps = time.perf_counter(), list(drafters.steps)

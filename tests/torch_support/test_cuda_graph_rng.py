@@ -168,6 +168,50 @@ def test_a_recording_that_draws_beside_other_threads_is_named(caplog):
 
 
 @on_gpu
+@pytest.mark.xfail(OLD_RNG, strict=True, reason="torch <= 2.11: capture_begin marks the state it "
+                   "registers capturing for the process and releases the GIL before fxguard puts "
+                   "the default state back; another thread's eager draw cannot be ordered against it")
+def test_an_eager_draw_in_the_moment_another_thread_begins_a_capture(monkeypatch):
+    """The recorder held right after capture_begin returns (before the default
+    state is put back): this thread draws from the default generator then."""
+    streams, begun, go = cudagraph_rng.thread_streams, threading.Event(), threading.Event()
+    mark = streams.capturing
+
+    def held_after_begin():
+        mark()
+        if threading.current_thread().name == "recorder" and not begun.is_set():
+            begun.set()
+            go.wait(60)
+    monkeypatch.setattr(streams, "capturing", held_after_begin)
+    capturing.clear()
+    release.set()      # the graph's own hold does not wait
+    with torch.cuda.stream(torch.cuda.Stream()):
+        replayer(draws=False)()       # this thread's own graphs: other threads' trees live
+        joined = in_thread(recorder(False), name="recorder")
+        try:
+            assert begun.wait(300), "the recording never began"
+            drawn = torch.randint(0, 1000, (64,), device="cuda")
+        finally:
+            go.set()
+            joined()
+            torch.cuda.synchronize()
+    assert drawn.unique().numel() > 1
+
+
+@on_gpu
+@pytest.mark.skipif(not OLD_RNG, reason="torch 2.12+ has no moment to name")
+def test_a_capture_beside_other_threads_trees_names_the_moment_once(caplog):
+    """torch 2.11: the moment above is named, with the fix, before it can bite."""
+    replayer(draws=False)()
+    with caplog.at_level("WARNING", logger="fxguard"):
+        while_recording(False, lambda: None)
+        while_recording(False, lambda: None)
+    assert caplog.text.count("begins a CUDA-graph capture") == 1
+    assert "thread 'recorder' begins a CUDA-graph capture" in caplog.text
+    assert "torch.Generator(device='cuda')" in caplog.text
+
+
+@on_gpu
 @pytest.mark.parametrize("guard", [pytest.param("off", marks=pytest.mark.xfail(
     strict=True, reason="stock: a device sync while another thread captures")), "on"])
 def test_synchronize_on_the_default_stream_while_another_thread_records(guard):

@@ -25,7 +25,10 @@ so each thread's replays draw a stream of their own and never meet another's
 capture.  ``torch.cuda.synchronize()`` and a Triton kernel's first load wait
 while another thread's capture itself (capture_begin to capture_end) runs on
 the device; not for its warm-up, which may wait for a compile they belong to.
-A single thread's captures run as stock.
+A single thread's captures run as stock.  On torch <= 2.11 one moment stays
+open: capture_begin marks the state it registers capturing and releases the
+GIL before the default state is put back, and an eager draw from the default
+generator in another thread in that moment fails (a WARNING names it once).
 
 An interrupt anywhere in these bodies leaves no stream capturing and no
 state swapped in: capture_begin's and capture_end's bodies end a capture left
@@ -223,6 +226,27 @@ class ThreadStreams:
             "(docs/cuda-graphs.md)", threading.current_thread().name, device,
             torch.__version__)
 
+    def _warn_beginning(self, device: int) -> None:
+        """torch <= 2.11: capture_begin marks the state it registers (the
+        thread's own, swapped in) capturing for the process and releases the
+        GIL; fxguard swaps the default back once it returns, but cannot order
+        another thread's eager draw against that moment."""
+        import torch
+        if torch.__version__ >= (2, 12) or "beginning" in self._warned:
+            return
+        self._warned.add("beginning")
+        log.warning(
+            "fxguard: thread %r begins a CUDA-graph capture on cuda:%d while other threads run "
+            "CUDA graphs there; torch %s marks the generator state a capture registers as "
+            "capturing for the process from capture_begin on, so a draw from the default CUDA "
+            "generator in another thread at that moment (torch.randint/randn(..., "
+            "device='cuda') without generator=, eager dropout) can fail with 'Offset increment "
+            "outside graph capture encountered unexpectedly'. fxguard puts the default state "
+            "back as soon as the capture has begun, but cannot order other threads' eager "
+            "draws against it: draw eager random numbers from a generator of the thread's own "
+            "(torch.Generator(device='cuda')); torch 2.12+ has no such moment "
+            "(docs/cuda-graphs.md)", threading.current_thread().name, device, torch.__version__)
+
     # -- the capture (CUDAGraph.capture_begin / capture_end) -------------------------
     # Each step below may be interrupted: the templates call close() on any
     # exception, and it is idempotent.
@@ -231,6 +255,8 @@ class ThreadStreams:
         plan = self._current()
         if plan is None or plan.device is None or plan.saved is not None:
             return None
+        if not plan.whole and live_managers.on_device(plan.device) >= 2:
+            self._warn_beginning(plan.device)
         plan.swap_in()
         return plan
 

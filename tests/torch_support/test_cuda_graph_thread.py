@@ -210,6 +210,25 @@ def test_a_paced_wait_interrupted_leaves_nothing_held():
     _start(pace)     # the main thread goes on, waiting for nobody
 
 
+def test_blocks_know_the_other_threads_inside_them():
+    from fxguard.torch_support.cuda_thread import Blocks
+    blocks, inside, leave = Blocks(), threading.Event(), threading.Event()
+
+    def other():
+        with blocks.inside(0):
+            inside.set()
+            assert leave.wait(60)
+    t = threading.Thread(target=other, daemon=True)
+    with blocks.inside(0):
+        assert not blocks.others(0)           # itself does not count
+        t.start()
+        assert inside.wait(60)
+        assert blocks.others(0) and not blocks.others(1)
+        leave.set()
+        t.join(60)
+        assert not blocks.others(0)
+
+
 def test_cuda_graph_thread_names_what_turns_takes():
     with pytest.raises(ValueError, match="True, False or 'paced'"):
         with cuda_graph_thread(turns="fair"):
@@ -334,9 +353,10 @@ def test_three_drafters_as_users_write_them(variant, caplog):
         t.join(600)
     assert not any(t.is_alive() for t in threads), "a drafter stalls"
     if variant == "default-generator" and torch.__version__ < (2, 12):
-        assert "begins a CUDA-graph capture" in caplog.text   # named before it can bite
-        errors = [e for e in errors if "Offset increment outside graph capture" not in e]
-        assert errors == [], "\n".join(errors)
+        known = [e for e in errors if "Offset increment outside graph capture" in e]
+        if known:
+            assert "begins a CUDA-graph capture" in caplog.text, "the moment bit unnamed"
+        assert [e for e in errors if e not in known] == [], "\n".join(errors)
         return
     assert errors == [], "\n".join(errors)
     assert sorted(losses) == [0, 1, 2]

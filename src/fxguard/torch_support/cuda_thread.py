@@ -25,6 +25,7 @@ from typing import Any, Iterator
 
 from ..machinery.changes import Outcome
 from ..machinery.held_by_frame import on_my_stack, runs_on
+from ..machinery.settle import current_frames
 from ..machinery.wrapped import Swap, Wrapped, plain_function
 from .options import Option
 
@@ -200,6 +201,39 @@ class DeviceTurns:
 device_turns = DeviceTurns()
 
 
+class Blocks:
+    """Which threads are inside a cuda_graph_thread() block, per device (a
+    thread may draw there before its first CUDA graph exists)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._threads: dict[int, dict[int, int]] = {}   # device: {thread: depth}
+
+    @contextlib.contextmanager
+    def inside(self, device: int) -> Iterator[None]:
+        me = threading.get_ident()
+        with self._lock:
+            threads = self._threads.setdefault(device, {})
+            threads[me] = threads.get(me, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                threads[me] -= 1
+                if not threads[me]:
+                    del threads[me]
+
+    def others(self, device: int) -> bool:
+        """Whether another live thread is inside a block on ``device``."""
+        me = threading.get_ident()
+        with self._lock:
+            threads = set(self._threads.get(device, ())) - {me}
+        return bool(threads & set(current_frames())) if threads else False
+
+
+blocks = Blocks()
+
+
 @contextlib.contextmanager
 def cuda_graph_thread(device: Any = None, *, turns: bool | str = True) -> Iterator[Any]:
     """Run the block on ``device`` (the current one where None) with a CUDA stream
@@ -224,7 +258,7 @@ def cuda_graph_thread(device: Any = None, *, turns: bool | str = True) -> Iterat
         stream = torch.cuda.Stream(index)
         stream.wait_stream(before)
         try:
-            with torch.cuda.stream(stream), \
+            with torch.cuda.stream(stream), blocks.inside(index), \
                     device_turns.taking(index if turns else None, paced=turns == "paced"):
                 yield stream
         finally:

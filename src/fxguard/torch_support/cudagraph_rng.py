@@ -47,6 +47,7 @@ import types
 import weakref
 from typing import Any, Callable
 
+from . import cuda_thread
 from .cudagraphs import OPTION, TREES, lane_getter, live_managers, stood_down
 from ..machinery.changes import Outcome
 from ..machinery.held_by_frame import on_my_stack
@@ -237,7 +238,7 @@ class ThreadStreams:
         self._warned.add("beginning")
         log.warning(
             "fxguard: thread %r begins a CUDA-graph capture on cuda:%d while other threads run "
-            "CUDA graphs there; torch %s marks the generator state a capture registers as "
+            "CUDA graphs or cuda_graph_thread() blocks there; torch %s marks the generator state a capture registers as "
             "capturing for the process from capture_begin on, so a draw from the default CUDA "
             "generator in another thread at that moment (torch.randint/randn(..., "
             "device='cuda') without generator=, eager dropout) can fail with 'Offset increment "
@@ -255,7 +256,8 @@ class ThreadStreams:
         plan = self._current()
         if plan is None or plan.device is None or plan.saved is not None:
             return None
-        if not plan.whole and live_managers.on_device(plan.device) >= 2:
+        if not plan.whole and (live_managers.on_device(plan.device) >= 2
+                               or cuda_thread.blocks.others(plan.device)):
             self._warn_beginning(plan.device)
         plan.swap_in()
         return plan

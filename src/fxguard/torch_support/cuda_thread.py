@@ -122,19 +122,18 @@ class Pace:
         with self._cond:
             while True:
                 now = time.monotonic()
-                others = {t: c for t, (c, last) in self._started.items()
-                          if t != me and now - last < self.idle}
+                others = [(c, last) for t, (c, last) in self._started.items()
+                          if t != me and now - last < self.idle]
+                slowest = min(others, default=None)   # fewest started; of those, the longest ago
                 mine = self._started.get(me)
-                if mine is None or now - mine[1] >= self.idle:
-                    count = min(others.values(), default=0)   # new or back: level with the others
+                if mine is None or now - mine[1] >= self.idle:   # new or back: level with the others
+                    count = slowest[0] if slowest else 0
                 else:
                     count = mine[0]
-                if not others or count <= min(others.values()) + self.lead:
+                if slowest is None or count <= slowest[0] + self.lead:
                     break
-                # the slowest ones start a backward, or go idle and are not waited for
-                slowest = min(last for t, (c, last) in self._started.items() if t in others
-                              and c == min(others.values()))
-                self._cond.wait(min(max(slowest + self.idle - now, 0.001), CHECK_EVERY))
+                # until the slowest starts a backward, or goes idle and is not waited for
+                self._cond.wait(min(max(slowest[1] + self.idle - now, 0.001), CHECK_EVERY))
             self._started[me] = (count + 1, time.monotonic())
             self._cond.notify_all()
 
@@ -163,18 +162,17 @@ class DeviceTurns:
         self._thread = threading.local()
 
     def __call__(self, device: int) -> Turns:
-        turns = self._turns.get(device)
-        if turns is None:
-            with self._made:
-                turns = self._turns.setdefault(device, Turns())
-        return turns
+        return self._for(self._turns, device, Turns)
 
     def pace(self, device: int) -> Pace:
-        pace = self._paces.get(device)
-        if pace is None:
+        return self._for(self._paces, device, Pace)
+
+    def _for(self, table: dict, device: int, make: Any) -> Any:
+        found = table.get(device)
+        if found is None:
             with self._made:
-                pace = self._paces.setdefault(device, Pace())
-        return pace
+                found = table.setdefault(device, make())
+        return found
 
     @contextlib.contextmanager
     def taking(self, device: int | None, paced: bool = False) -> Iterator[None]:

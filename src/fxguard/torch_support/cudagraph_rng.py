@@ -238,8 +238,9 @@ class ThreadStreams:
         self._warned.add("beginning")
         log.warning(
             "fxguard: thread %r begins a CUDA-graph capture on cuda:%d while other threads run "
-            "CUDA graphs or cuda_graph_thread() blocks there; torch %s marks the generator state a capture registers as "
-            "capturing for the process from capture_begin on, so a draw from the default CUDA "
+            "CUDA graphs or cuda_graph_thread() blocks there; torch %s marks the generator "
+            "state a capture registers as capturing for the process from capture_begin on, "
+            "so a draw from the default CUDA "
             "generator in another thread at that moment (torch.randint/randn(..., "
             "device='cuda') without generator=, eager dropout) can fail with 'Offset increment "
             "outside graph capture encountered unexpectedly'. fxguard puts the default state "

@@ -105,9 +105,14 @@ PHASES = ("mask", "forward", "backward", "optimizer", "zero_grad", "item")
 # DRAFTER_STALL_DUMP=20, the same (and fxguard's capture marks and turns) once, when a
 # drafter has made no step for that long while another made some (a stall, caught as
 # it happens). DRAFTER_WATCH_RECORDINGS=1, the report's recordings: how fxguard
-# planned each CUDA-graph recording, per thread. A report names those set.
+# planned each CUDA-graph recording, per thread. DRAFTER_GIL_METER=1, the report's gil:
+# milliseconds per step that each phase's threads held the GIL, that other threads (the
+# autograd worker) held it, and its share held in the window (_gil_meter.py: a native
+# thread reads the GIL; its own CPU is taken out of process_cpu_s_per_step). A report
+# names those set.
 KNOBS = ("DRAFTER_LENGTHS", "DRAFTER_FAST", "DRAFTER_NO_GC", "DRAFTER_STREAMS", "DRAFTER_SWITCH_INTERVAL",
          "DRAFTER_BACKWARD_HERE", "DRAFTER_FAIR_BACKWARD", "DRAFTER_FXGUARD_OPTIONS", "DRAFTER_WATCH_CONFIG",
+         "DRAFTER_GIL_METER",
          "DRAFTER_DUMP_AFTER", "DRAFTER_STALL_DUMP", "DRAFTER_WATCH_RECORDINGS")
 LENGTHS = tuple(int(n) for n in os.environ.get("DRAFTER_LENGTHS", "256,512").split(","))
 FAST_PIECES = tuple(os.environ.get("DRAFTER_FAST", "mask,model,optimizer").split(","))
@@ -194,9 +199,9 @@ class Turns:
 class Drafters:
     """n drafters stepping in threads of this process; counts per drafter."""
 
-    def __init__(self, n: int, fast: bool, device: str, variant: dict | None = None) -> None:
+    def __init__(self, n: int, fast: bool, device: str, variant: dict | None = None, meter=None) -> None:
         import torch
-        self.torch, self.n, self.fast, self.device = torch, n, fast, device
+        self.torch, self.n, self.fast, self.device, self.meter = torch, n, fast, device, meter
         self.variant = variant
         self.steps, self.cpu = [0] * n, [0.0] * n
         self.phases = [[[0.0, 0.0] for _ in PHASES] for _ in range(n)]  # [wall, cpu] per phase
@@ -263,6 +268,8 @@ class Drafters:
         data = None if variant.get("default_generator") else \
             torch.Generator(device=self.device).manual_seed(1000 + i)
         seen, n = set(), 0
+        slot = self.meter.register() if self.meter else None
+        mark = (lambda k: self.meter.phase(slot, k)) if self.meter else None
         while not self.stop.is_set():
             length = LENGTHS[n % len(LENGTHS)]
             n += 1
@@ -270,7 +277,7 @@ class Drafters:
                 ids = torch.randint(0, VOCAB, (BATCH, length), device=self.device, generator=data)
                 if "optimizer-graphed" in fast:  # two graphed calls a step: say where one begins
                     torch.compiler.cudagraph_mark_step_begin()
-                clock = _PhaseClock(self.phases[i])
+                clock = _PhaseClock(self.phases[i], mark)
                 mask = None if "mask-in-graph" in fast else make_mask(
                     causal, BATCH, None, length, length, device=self.device, **mask_flag)
                 clock.tick(0)
@@ -412,16 +419,32 @@ def _watch_cudagraphs_config(torch) -> list:
 
 
 class _PhaseClock:
-    """Adds each phase's wall and thread CPU time to a drafter's totals."""
+    """Adds each phase's wall and thread CPU time to a drafter's totals; ``mark``
+    (the GIL meter's) is told the phase that begins (after the last: "between")."""
 
-    def __init__(self, totals: list) -> None:
-        self.totals, self.wall, self.cpu = totals, time.perf_counter(), time.thread_time()
+    def __init__(self, totals: list, mark=None) -> None:
+        self.totals, self.mark, self.wall, self.cpu = totals, mark, time.perf_counter(), time.thread_time()
+        if mark:
+            mark(0)
 
     def tick(self, phase: int) -> None:
         wall, cpu = time.perf_counter(), time.thread_time()
+        if self.mark:
+            self.mark(phase + 1)
         self.totals[phase][0] += wall - self.wall
         self.totals[phase][1] += cpu - self.cpu
         self.wall, self.cpu = wall, cpu
+
+
+def _gil_per_step(sums: dict, steps: int) -> dict:
+    """The GIL meter's seconds as milliseconds per step (all drafters) and the
+    window's share of time the GIL was held."""
+    held = {name: sum(slot[name] for slot in sums["held_s"]) for name in (*PHASES, "between", "unnamed")}
+    total = sum(held.values()) + sums["other_threads_s"] + sums["free_s"]
+    return {"ms_per_step": {k: round(1e3 * v / max(steps, 1), 3) for k, v in held.items()},
+            "other_threads_ms_per_step": round(1e3 * sums["other_threads_s"] / max(steps, 1), 3),
+            "held_share": round((total - sums["free_s"]) / total, 3) if total else None,
+            "reads": sums["reads"], "meter_cpu_s": round(sums["meter_cpu_s"], 3)}
 
 
 def _phase_ms(before: list, after: list, steps: int) -> dict:
@@ -457,7 +480,11 @@ def child(mode: str, threads: int, seconds: float, out: str, ready_dir: str | No
         prober = _cuda_graph_probe.Probe()
     config_events = _watch_cudagraphs_config(torch) if os.environ.get("DRAFTER_WATCH_CONFIG") == "1" else None
     recordings = _watch_recordings() if os.environ.get("DRAFTER_WATCH_RECORDINGS") == "1" else None
-    drafters = Drafters(threads, fast="fast" in mode, device=device, variant=VARIANTS.get(mode))
+    meter = None
+    if os.environ.get("DRAFTER_GIL_METER") == "1":
+        import _gil_meter
+        meter = _gil_meter.GilMeter((*PHASES, "between"))
+    drafters = Drafters(threads, fast="fast" in mode, device=device, variant=VARIANTS.get(mode), meter=meter)
     workers = [threading.Thread(target=drafters.run, args=(i,), daemon=True, name=f"drafter-{i}")
                for i in range(threads)]
     for t in workers:
@@ -481,10 +508,15 @@ def child(mode: str, threads: int, seconds: float, out: str, ready_dir: str | No
     def phases():
         return [[list(p) for p in d] for d in drafters.phases]
     steps0, cpu0, phases0, t0 = list(drafters.steps), list(drafters.cpu), phases(), time.perf_counter()
+    if meter:
+        meter.start(20000)
     process0 = time.process_time()
     time.sleep(seconds)
     steps1, cpu1, phases1, t1 = list(drafters.steps), list(drafters.cpu), phases(), time.perf_counter()
     process1 = time.process_time()
+    gil = meter and meter.stop()
+    if gil:
+        process1 -= gil["meter_cpu_s"]
     if probe:
         probed = prober.report(before, prober.snapshot())
     if ready_dir:
@@ -509,6 +541,8 @@ def child(mode: str, threads: int, seconds: float, out: str, ready_dir: str | No
     }
     if probe:
         result["probe"] = probed
+    if gil:
+        result["gil"] = _gil_per_step(gil, sum(window))
     if config_events is not None:
         result["config_events"] = config_events
     if recordings is not None:
@@ -597,6 +631,11 @@ def _processes(mode: str, argv: list[str], seconds: float, n: int = 3) -> dict:
             "phase_ms_per_step": {
                 name: {k: round(per_step(lambda p, phase=name, k=k: p["phase_ms_per_step"][phase][k]), 3)
                        for k in ("wall", "cpu")} for name in PHASES},
+            **({"gil": {"ms_per_step": {k: round(per_step(lambda p, k=k: p["gil"]["ms_per_step"][k]), 3)
+                                        for k in parts[0]["gil"]["ms_per_step"]},
+                        **{k: round(per_step(lambda p, k=k: p["gil"][k]), 3)
+                           for k in ("other_threads_ms_per_step", "held_share")}}}
+               if all("gil" in p for p in parts) else {}),
             "errors": sum(p["errors"] for p in parts),
             "error_kinds": sorted({k for p in parts for k in p["error_kinds"]})[:5],
             "first_error": next((p["first_error"] for p in parts if p.get("first_error")), ""),

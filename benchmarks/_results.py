@@ -51,6 +51,14 @@ def modes(r: dict, names: tuple[str, ...], key, fmt=num) -> str:
     return " / ".join(fmt(get(r["modes"][n])) if n in r.get("modes", {}) else "–" for n in names)
 
 
+def _gil_ms(mode: dict) -> str:
+    """The GIL meter's held milliseconds a step: the drafters' phases + other threads'."""
+    gil = mode.get("gil")
+    if not gil:
+        return "–"
+    return f"{sum(gil['ms_per_step'].values()):.2f} + {gil['other_threads_ms_per_step']:.2f}"
+
+
 def text(x) -> str:
     return "–" if x is None else str(x)
 
@@ -64,7 +72,9 @@ def _ratios(*columns: tuple[str, str]):
 
 CC_MODES = ("stock", "always-false", "serialized", "fxguard")
 STALL_MODES = ("stock", "serialized", "fxguard")
-LLAMA_MODES = ("stock", "serialized", "fxguard", "fxguard-no-share")
+LLAMA_MODES = ("stock", "serialized", "fxguard", "fxguard-no-share", "fxguard-turns", "fxguard-paced",
+               "fxguard-concurrent", "processes")
+LLAMA_STEADY = ("fxguard", "fxguard-turns", "fxguard-paced", "fxguard-concurrent")
 ONCE_MODES = ("processes", "threads", "fxguard-no-share", "fxguard", "one-lock")
 GRAPH_MODES = ("threads-fast", "threads-plain", "one-fast", "one-plain", "processes-fast")
 # cuda_graph_drafters.py's VARIANTS: the fast step as users write it, 3 threads
@@ -209,6 +219,10 @@ HEADLINES = {
                                                     "errors", text)),
         ("GPU peak: api threads ÷ processes",
          lambda r: ratio(r.get("ratios", {}).get("gpu_memory_api_threads_vs_processes"))),
+        ("GIL held ms/step, drafters + other threads: one-fast / api / processes (each)",
+         lambda r: modes(r, ("one-fast", "threads-fast-api", "processes-fast"), _gil_ms)),
+        ("GIL held share: one-fast / api", lambda r: modes(r, ("one-fast", "threads-fast-api"),
+                                                          lambda m: (m.get("gil") or {}).get("held_share"))),
     ],
     "eager_backward_cost": [("device", _device)] + [
         (column, lambda r, c=case, k=key: ratio(r["seconds"][f"{c} eager"][k] / r["seconds"][f"{c} lazy"][k]))
@@ -230,11 +244,21 @@ HEADLINES = {
         ("compiler imports after install() ÷ stock", lambda r: ratio(r.get("later_imports_ratio"))),
         ("runs", lambda r: text(r.get("runs_per_setup")))],
     "llama_threads": [
-        ("device, s", lambda r: f"{r['args']['device']}, {r['args']['seconds']:.0f}"),
+        ("device, s", lambda r: f"{r['args']['device']}, {r['args']['seconds']:.0f}"
+                                + (f" (window {r['args']['window']:.0f})" if r["args"].get("window") else "")),
+        ("models", lambda r: "a width each" if r["args"].get("distinct") else "one width"),
         ("all stepped s: " + " / ".join(LLAMA_MODES),
          lambda r: modes(r, LLAMA_MODES, "time_until_all_stepped_s")),
         ("fxguard ÷ serialized", lambda r: ratio(r.get("fxguard_vs_serialized_time_until_all_stepped"))),
         ("all shapes s", lambda r: modes(r, LLAMA_MODES, "time_until_all_shapes_s")),
+        ("steady steps/s", lambda r: modes(r, LLAMA_MODES, "steady_steps_per_s")),
+        ("steady fairness", lambda r: modes(r, LLAMA_MODES, "steady_fairness")),
+        ("steady steps: " + " / ".join(LLAMA_STEADY) + " ÷ serialized", lambda r: " / ".join(
+            ratio(r.get("ratios", {}).get(f"{m}_vs_serialized_steady_steps")) for m in LLAMA_STEADY)),
+        ("the same ÷ processes", lambda r: " / ".join(
+            ratio(r.get("ratios", {}).get(f"{m}_vs_processes_steady_steps")) for m in LLAMA_STEADY)),
+        ("all shapes ÷ processes", lambda r: " / ".join(
+            ratio(r.get("ratios", {}).get(f"{m}_vs_processes_time_until_all_shapes")) for m in LLAMA_STEADY)),
         ("graphs", lambda r: modes(r, LLAMA_MODES, "graphs", text)),
         ("uncompiled flex calls", lambda r: modes(r, LLAMA_MODES, "uncompiled_flex_calls", text)),
         ("errors", lambda r: modes(r, LLAMA_MODES, "errors", text)),

@@ -54,7 +54,7 @@ def modes(r: dict, names: tuple[str, ...], key, fmt=num) -> str:
 def _gil_ms(mode: dict) -> str:
     """The GIL meter's held milliseconds a step: the drafters' phases + other threads'."""
     gil = mode.get("gil")
-    if not gil:
+    if not gil or "ms_per_step" not in gil:
         return "–"
     return f"{sum(gil['ms_per_step'].values()):.2f} + {gil['other_threads_ms_per_step']:.2f}"
 

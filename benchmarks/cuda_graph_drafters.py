@@ -480,10 +480,13 @@ def child(mode: str, threads: int, seconds: float, out: str, ready_dir: str | No
         prober = _cuda_graph_probe.Probe()
     config_events = _watch_cudagraphs_config(torch) if os.environ.get("DRAFTER_WATCH_CONFIG") == "1" else None
     recordings = _watch_recordings() if os.environ.get("DRAFTER_WATCH_RECORDINGS") == "1" else None
-    meter = None
+    meter, meter_error = None, None
     if os.environ.get("DRAFTER_GIL_METER") == "1":
-        import _gil_meter
-        meter = _gil_meter.GilMeter((*PHASES, "between"))
+        try:
+            import _gil_meter
+            meter = _gil_meter.GilMeter((*PHASES, "between"))
+        except Exception as e:  # a diagnosis: the run goes on without it, and says why
+            meter_error = f"no GIL meter: {_harness.error_kind(e, 300)}"
     drafters = Drafters(threads, fast="fast" in mode, device=device, variant=VARIANTS.get(mode), meter=meter)
     workers = [threading.Thread(target=drafters.run, args=(i,), daemon=True, name=f"drafter-{i}")
                for i in range(threads)]
@@ -541,8 +544,8 @@ def child(mode: str, threads: int, seconds: float, out: str, ready_dir: str | No
     }
     if probe:
         result["probe"] = probed
-    if gil:
-        result["gil"] = _gil_per_step(gil, sum(window))
+    if gil or meter_error:
+        result["gil"] = _gil_per_step(gil, sum(window)) if gil else {"error": meter_error}
     if config_events is not None:
         result["config_events"] = config_events
     if recordings is not None:
@@ -635,7 +638,7 @@ def _processes(mode: str, argv: list[str], seconds: float, n: int = 3) -> dict:
                                         for k in parts[0]["gil"]["ms_per_step"]},
                         **{k: round(per_step(lambda p, k=k: p["gil"][k]), 3)
                            for k in ("other_threads_ms_per_step", "held_share")}}}
-               if all("gil" in p for p in parts) else {}),
+               if all("ms_per_step" in p.get("gil", {}) for p in parts) else {}),
             "errors": sum(p["errors"] for p in parts),
             "error_kinds": sorted({k for p in parts for k in p["error_kinds"]})[:5],
             "first_error": next((p["first_error"] for p in parts if p.get("first_error")), ""),

@@ -35,7 +35,9 @@ case "$step" in
     (cd tests/faults && FXGUARD_TEST_FAULTS_HERE=1 timeout "${STEP_TIMEOUT:-560}" python3 -m pytest \
        -q -s -p no:cacheprovider --tb=short test_interrupt_cuda_graphs.py::test_every_line_in_this_process \
        > "$out/faults.txt" 2>&1)
-    grep -E "^FAILING|lines$|cases in|passed|failed" "$out/faults.txt" | cut -c1-300 | tail -30
+    # the last cases begun, and where every thread waits when one hangs (faulthandler)
+    grep -E "^FAILING|lines$|cases in|passed|failed|^case |^Thread|^Current thread|File " "$out/faults.txt" \
+      | cut -c1-300 | tail -60
     ;;
   bench)
     # One report over several calls: benchmarks/out/ (ignored) stays on a warm machine,

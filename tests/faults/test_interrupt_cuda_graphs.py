@@ -17,6 +17,7 @@ capturing and no backward turn is held.  Lines run in the autograd worker
 """
 from __future__ import annotations
 
+import faulthandler
 import gc
 import os
 import threading
@@ -189,7 +190,11 @@ def test_every_line_in_this_process():
             count += 1
             if count % 25 == 0:  # a run cut short still says how far it got
                 print(f"{count} cases in {time.monotonic() - started:.0f} s", flush=True)
+            print(f"case {count}: {short(line)}", flush=True)
+            # A case that hangs (its main-thread run has no guard) says where every thread waits.
+            faulthandler.dump_traceback_later(3 * TIMEOUT + 60, exit=False)
             case, problems = one_case(compiled, swapped, line)
+            faulthandler.cancel_dump_traceback_later()
             if problems:
                 failures.append(f"{scenario}: KeyboardInterrupt at {short(line)}: "
                                 + "; ".join(problems))

@@ -221,6 +221,50 @@ def test_synchronize_on_the_default_stream_while_another_thread_records(guard):
     while_recording(False, torch.cuda.synchronize, hold_s=3.0)
 
 
+@on_gpu
+@pytest.mark.parametrize("guard", [pytest.param("off", marks=pytest.mark.xfail(
+    strict=True, reason="stock: a device sync in the moment another thread's capture begins")), "on"])
+def test_a_sync_in_the_moment_another_thread_begins_a_capture(guard, monkeypatch):
+    """The recorder held right after capture_begin returned (its stream captures,
+    and fxguard's mark after capture_begin, where the mark once was, not yet
+    made): another thread's torch.cuda.synchronize() then waits for the capture."""
+    from guarded import held_in, wait_until
+    streams, begun, go, synced = cudagraph_rng.thread_streams, threading.Event(), threading.Event(), {}
+    mark = streams.capturing
+
+    def held_after_begin():
+        if threading.current_thread().name == "recorder" and not begun.is_set():
+            begun.set()
+            go.wait(60)
+        mark()
+    monkeypatch.setattr(streams, "capturing", held_after_begin)
+    capturing.clear()
+    release.set()      # the graph's own hold does not wait
+    replayer(draws=False)()   # this thread's own graphs: other threads' trees live
+
+    def sync():
+        try:
+            torch.cuda.synchronize()
+            synced["ok"] = True
+        except BaseException as e:  # noqa: BLE001  (raised below)
+            synced["error"] = e
+    joined = in_thread(recorder(False), name="recorder")
+    try:
+        assert begun.wait(300), "the recording never began"
+        syncer = threading.Thread(target=sync, name="syncer")
+        syncer.start()
+        wait_until(lambda: synced or held_in(syncer, lambda f: f.f_code.co_name == "_device_call_begins"),
+                   "the sync to wait for the capture or to run")
+    finally:
+        go.set()
+        joined()
+    syncer.join(60)
+    if "error" in synced:
+        raise synced["error"]
+    assert synced == {"ok": True}
+    torch.cuda.synchronize()
+
+
 # -- a stream of random numbers per thread ------------------------------------------
 
 def _gated_masks(steps: int, gate_stream):
@@ -385,6 +429,78 @@ def test_device_calls_wait_for_another_threads_capture_only():
     assert streams._captures[1] == set()
 
 
+def test_a_capture_begins_once_other_threads_device_calls_have_returned():
+    """capture_begin releases the GIL once its stream captures, and a device sync
+    or kernel load running then fails, whichever began first: a capture is
+    marked before capture_begin (device calls arriving later wait for it) and
+    begins once the device calls running there have returned (torch-free part)."""
+    from guarded import finish, held_in, wait_until
+    from fxguard.torch_support.cudagraph_rng import ThreadStreams
+    streams = ThreadStreams(lambda: threading.get_ident)
+    in_call, leave, began, end_capture, late_passed = (threading.Event() for _ in range(5))
+
+    def caller():
+        with streams.no_capture_on(0):
+            in_call.set()
+            assert leave.wait(60)
+
+    def capturer():
+        streams._capture_starts(0)
+        began.set()
+        assert end_capture.wait(60)
+        streams.ended()
+
+    def late_caller():
+        with streams.no_capture_on(0):
+            late_passed.set()
+    a = threading.Thread(target=caller)
+    a.start()
+    assert in_call.wait(60)
+    b = threading.Thread(target=capturer)
+    b.start()
+    wait_until(lambda: began.is_set() or held_in(b, lambda f: f.f_code.co_name == "_capture_starts"),
+               "the capture to wait for the running call or to begin")
+    assert not began.is_set(), "a capture began while another thread's device call ran"
+    c = threading.Thread(target=late_caller)
+    c.start()
+    wait_until(lambda: late_passed.is_set()
+               or held_in(c, lambda f: f.f_code.co_name == "_device_call_begins"),
+               "the later call to wait for the marked capture or to run")
+    assert not late_passed.is_set(), "a device call ran while a capture was marked"
+    leave.set()
+    assert began.wait(60)
+    assert not late_passed.wait(0.2), "a device call ran during the capture"
+    end_capture.set()
+    finish(a, b, c)
+    assert late_passed.is_set()
+    assert streams._device_calls[0] == {} and streams._captures[0] == set()
+
+
+def test_a_device_call_an_interrupt_left_listed_lapses_with_its_frame():
+    """A device call whose __exit__ never ran (an interrupt) does not hold a
+    capture off once its frame has returned, though its thread lives on."""
+    from guarded import finish
+    from fxguard.torch_support.cudagraph_rng import ThreadStreams
+    streams = ThreadStreams(lambda: threading.get_ident)
+    listed, done = threading.Event(), threading.Event()
+
+    def left_listed():
+        streams.no_capture_on(0).__enter__()   # no __exit__, as an interrupt leaves it
+
+    def alive_after():
+        left_listed()
+        listed.set()
+        assert done.wait(60)
+    t = threading.Thread(target=alive_after)
+    t.start()
+    assert listed.wait(60)
+    streams._capture_starts(0)   # returns: the call's frame is gone
+    assert streams._device_calls[0] == {}
+    streams.ended()
+    done.set()
+    finish(t)
+
+
 def test_a_recordings_plan_lapses_with_its_frame():
     """A plan an interrupt left on the thread's stack (its __exit__ skipped)
     is not the next recording's: it lapses with the frame that made it."""
@@ -429,7 +545,7 @@ def test_a_capture_on_a_thread_threading_does_not_list_is_waited_for():
             passed.set()
     b = threading.Thread(target=caller)
     b.start()
-    wait_until(lambda: passed.is_set() or held_in(b, lambda f: f.f_code.co_name == "no_capture_on"),
+    wait_until(lambda: passed.is_set() or held_in(b, lambda f: f.f_code.co_name == "_device_call_begins"),
                "the sync to wait for the capture or to pass it")
     assert not passed.is_set(), "a sync ran during a capture on an unlisted thread"
     release.set()

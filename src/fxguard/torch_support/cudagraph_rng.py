@@ -25,6 +25,9 @@ so each thread's replays draw a stream of their own and never meet another's
 capture.  ``torch.cuda.synchronize()`` and a Triton kernel's first load wait
 while another thread's capture itself (capture_begin to capture_end) runs on
 the device; not for its warm-up, which may wait for a compile they belong to.
+A capture is marked before capture_begin runs (which releases the GIL after
+the stream has begun capturing) and begins once other threads' device-wide
+calls already running there have returned: either order fails the call.
 A single thread's captures run as stock.  On torch <= 2.11 one moment stays
 open: capture_begin marks the state it registers capturing and releases the
 GIL before the default state is put back, and an eager draw from the default
@@ -50,7 +53,7 @@ from typing import Any, Callable
 from . import cuda_thread
 from .cudagraphs import OPTION, TREES, lane_getter, live_managers, stood_down
 from ..machinery.changes import Outcome
-from ..machinery.held_by_frame import on_my_stack
+from ..machinery.held_by_frame import on_my_stack, runs_on
 from ..machinery.settle import current_frames
 from ..machinery.wrapped import Swap, Wrapped, plain_function
 
@@ -125,6 +128,8 @@ class ThreadStreams:
         self._warned: set[str] = set()
         self.enabled = True   # False: captures and syncs as stock (tests see the races)
         self._captures: dict[int, set[int]] = {}  # device: threads inside a capture there
+        # device: {thread: the frame of its device-wide call running there}
+        self._device_calls: dict[int, dict[int, types.FrameType]] = {}
         self._capture_cond = threading.Condition(threading.Lock())
 
     def _lane(self) -> Any:
@@ -253,7 +258,9 @@ class ThreadStreams:
     # Each step below may be interrupted: the templates call close() on any
     # exception, and it is idempotent.
     def begin(self) -> Any:
-        """Before capture_begin: the generator state the capture registers."""
+        """Before capture_begin: this thread captures from now on, and the
+        generator state the capture registers."""
+        self._capture_starts()
         plan = self._current()
         if plan is None or plan.device is None or plan.saved is not None:
             return None
@@ -290,11 +297,11 @@ class ThreadStreams:
         """After a successful capture_begin: this thread captures on its device."""
         self._mark_capture(True)
 
-    def _mark_capture(self, on: bool) -> None:
+    def _mark_capture(self, on: bool, device: int | None = None) -> None:
         import torch
         me = threading.get_ident()
         if on:
-            device = self._plan.capture_device = torch.cuda.current_device()
+            device = self._plan.capture_device = torch.cuda.current_device() if device is None else device
         else:
             device = getattr(self._plan, "capture_device", None)
             if device is None:
@@ -308,11 +315,35 @@ class ThreadStreams:
                 threads.discard(me)
                 self._capture_cond.notify_all()
 
-    @contextlib.contextmanager
-    def no_capture_on(self, device: int) -> Any:
-        """Wait while another thread captures on ``device`` (only the capture
-        itself, never its warm-up, which can wait for compiles: a wait there
-        could close a cycle).  Nothing is held during the block."""
+    def _capture_starts(self, device: int | None = None) -> None:
+        """Marks this thread capturing on its device (device-wide calls in other
+        threads wait from now on), then waits for the ones already running there
+        to return: capture_begin releases the GIL once the stream captures, and a
+        device sync or kernel load meanwhile fails ("operation not permitted when
+        stream is capturing"), as one still running when the capture begins does."""
+        self._mark_capture(True, device)
+        if not self.enabled:
+            return
+        device, me = self._plan.capture_device, threading.get_ident()
+        with self._capture_cond:
+            while True:
+                calls = self._device_calls.get(device, {})
+                # A call an interrupt left listed (its frame no longer runs) is dropped.
+                running = {t for t, frame in calls.items() if t != me and runs_on(t, frame)}
+                for gone in set(calls) - running - {me}:
+                    calls.pop(gone, None)
+                if not running:
+                    return
+                self._capture_cond.wait(0.05)
+
+    def no_capture_on(self, device: int) -> "_DeviceCall":
+        """A device-wide call on ``device``: it waits while another thread captures
+        there (only the capture itself, never its warm-up, which can wait for
+        compiles: a wait there could close a cycle), and a capture does not
+        begin there while it runs."""
+        return _DeviceCall(self, device)
+
+    def _device_call_begins(self, device: int, frame: types.FrameType) -> None:
         me = threading.get_ident()
         with self._capture_cond:
             while True:
@@ -325,7 +356,26 @@ class ThreadStreams:
                 self._captures[device] -= others - alive  # a thread that ended mid-capture
                 if others & alive:
                     self._capture_cond.wait(0.05)
-        yield
+            self._device_calls.setdefault(device, {})[me] = frame
+
+    def _device_call_ends(self, device: int) -> None:
+        with self._capture_cond:
+            self._device_calls.get(device, {}).pop(threading.get_ident(), None)
+            self._capture_cond.notify_all()
+
+
+class _DeviceCall:
+    """``with``: a device-wide call of the calling frame (the swapped function's),
+    listed while it runs; one an interrupt left listed lapses with that frame."""
+
+    def __init__(self, streams: ThreadStreams, device: int) -> None:
+        self.streams, self.device = streams, device
+
+    def __enter__(self) -> None:
+        self.streams._device_call_begins(self.device, sys._getframe(1))
+
+    def __exit__(self, *exc: Any) -> None:
+        self.streams._device_call_ends(self.device)
 
 
 def _beside_others(device: int, managers: int) -> bool:

@@ -55,7 +55,7 @@ def _gil_ms(mode: dict) -> str:
     """The GIL meter's held milliseconds a step: the drafters' phases + other threads'."""
     gil = mode.get("gil")
     if not gil or "ms_per_step" not in gil:
-        return "–"
+        return "–"  # not metered
     return f"{sum(gil['ms_per_step'].values()):.2f} + {gil['other_threads_ms_per_step']:.2f}"
 
 
@@ -220,7 +220,7 @@ HEADLINES = {
         ("GPU peak: api threads ÷ processes",
          lambda r: ratio(r.get("ratios", {}).get("gpu_memory_api_threads_vs_processes"))),
         ("GIL held ms/step, drafters + other threads: one-fast / api / processes (each)",
-         lambda r: modes(r, ("one-fast", "threads-fast-api", "processes-fast"), _gil_ms)),
+         lambda r: modes(r, ("one-fast", "threads-fast-api", "processes-fast"), _gil_ms, str)),
         ("GIL held share: one-fast / api", lambda r: modes(r, ("one-fast", "threads-fast-api"),
                                                           lambda m: (m.get("gil") or {}).get("held_share"))),
     ],

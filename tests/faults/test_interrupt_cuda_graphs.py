@@ -191,8 +191,9 @@ def test_every_line_in_this_process():
             if count % 25 == 0:  # a run cut short still says how far it got
                 print(f"{count} cases in {time.monotonic() - started:.0f} s", flush=True)
             print(f"case {count}: {short(line)}", flush=True)
-            # A case that hangs (its main-thread run has no guard) says where every thread waits.
-            faulthandler.dump_traceback_later(3 * TIMEOUT + 60, exit=False)
+            # A case takes about a second: one still running after a minute says where every
+            # thread waits (its main-thread run has no guard).
+            faulthandler.dump_traceback_later(60, exit=False)
             case, problems = one_case(compiled, swapped, line)
             faulthandler.cancel_dump_traceback_later()
             if problems:

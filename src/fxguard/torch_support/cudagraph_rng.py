@@ -298,22 +298,20 @@ class ThreadStreams:
         self._mark_capture(True)
 
     def _mark_capture(self, on: bool, device: int | None = None) -> None:
+        """Marks this thread capturing on ``device`` (the current one where None),
+        or unmarks it everywhere: idempotent, so a cleanup that runs again after an
+        interrupt at any line here still leaves no mark."""
         import torch
         me = threading.get_ident()
-        if on:
-            device = self._plan.capture_device = torch.cuda.current_device() if device is None else device
-        else:
-            device = getattr(self._plan, "capture_device", None)
-            if device is None:
-                return
-            self._plan.capture_device = None
-        with self._capture_cond:
-            threads = self._captures.setdefault(device, set())
-            if on:
-                threads.add(me)
-            else:
-                threads.discard(me)
+        if not on:
+            with self._capture_cond:
+                for threads in self._captures.values():
+                    threads.discard(me)
                 self._capture_cond.notify_all()
+            return
+        device = self._plan.capture_device = torch.cuda.current_device() if device is None else device
+        with self._capture_cond:
+            self._captures.setdefault(device, set()).add(me)
 
     def _capture_starts(self, device: int | None = None) -> None:
         """Marks this thread capturing on its device (device-wide calls in other

@@ -6,7 +6,9 @@ test_interrupt_cuda_graphs.py, runs them inside real captures).
 The interrupted thread runs a capture as capture_begin's and capture_end's
 templates do (cleanup on any exception) and a device call as synchronize()'s
 does, then stays alive; meanwhile another thread's device call and capture must
-each pass within seconds.
+each pass within seconds.  With the GIL off other threads' stacks are not
+walked, so a device call an interrupt left listed in a live thread lapses only
+when that thread ends: lines of the listing are not checked there.
 """
 from __future__ import annotations
 
@@ -14,10 +16,11 @@ import threading
 
 import pytest
 
+from guarded import gil_off
 from line_faults import Tracer
 
 pytest.importorskip("torch")
-from fxguard.torch_support.cudagraph_rng import ThreadStreams  # noqa: E402
+from fxguard.torch_support.cudagraph_rng import ThreadStreams, _DeviceCall  # noqa: E402
 
 DEVICE = 0
 PASS_WITHIN = 10.0  # a hang guard: each step takes microseconds
@@ -74,9 +77,18 @@ def test_an_interrupt_at_every_line_of_the_marks_holds_no_other_thread_off():
     t.join(60)
     lines = [line for line in listing.seen if line not in listing.nops]
     assert len(lines) >= 10, lines
+    if gil_off():  # a listed call lapses with its thread there, not with its frame
+        lines = [line for line in lines if not any(
+            _in(line, f.__code__) for f in (ThreadStreams._device_call_begins, ThreadStreams._device_call_ends,
+                                            _DeviceCall.__enter__, _DeviceCall.__exit__))]
     failures = {f"{line[0].rsplit('/', 1)[-1]}:{line[1]}": problems
                 for line in lines if (problems := interrupted_at(line, ThreadStreams(lambda: threading.get_ident)))}
     assert not failures, failures
+
+
+def _in(line, code) -> bool:
+    numbers = [n for _, _, n in code.co_lines() if n is not None]
+    return line[0] == code.co_filename and min(numbers) <= line[1] <= max(numbers)
 
 
 def _traced(tracer: Tracer, streams: ThreadStreams) -> None:

@@ -185,6 +185,43 @@ def in_fresh_process(script: str, argv: list[str], *, caches=("inductor", "trito
             return json.load(f)
 
 
+PEERS = "FXGUARD_BENCH_PROCESSES"  # how many processes of a run start their windows together
+
+
+def in_processes(script: str, argvs: list[list[str]], *, env=None, timeout: float) -> list[dict] | str:
+    """Runs ``python script *argv --ready-dir DIR --out FILE`` for each argv at once, each
+    process with empty compile caches of its own; returns the JSON each wrote, or the
+    end of their output where one wrote none.  Children call ``start_together``."""
+    with tempfile.TemporaryDirectory(prefix="fxguard-bench-", ignore_cleanup_errors=True) as tmp:
+        ready = os.path.join(tmp, "ready")
+        os.mkdir(ready)
+        procs, outs = [], []
+        for i, argv in enumerate(argvs):
+            caches = {var: os.path.join(tmp, f"{i}-{name}") for name, var in CACHES.items()}
+            outs.append(os.path.join(tmp, f"{i}.json"))
+            procs.append(subprocess.Popen(
+                [sys.executable, script, *argv, "--ready-dir", ready, "--out", outs[-1]],
+                env=dict(os.environ, **{PEERS: str(len(argvs))}, **caches, **(env or {})),
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        tails = [p.communicate(timeout=timeout)[0][-1500:] for p in procs]
+        if not all(os.path.exists(o) for o in outs):
+            return "\n".join(tails)
+        parts = []
+        for o in outs:
+            with open(o) as f:
+                parts.append(json.load(f))
+        return parts
+
+
+def start_together(ready_dir: str, deadline: float) -> None:
+    """In a child of ``in_processes``: says it is ready, then waits (until ``deadline``,
+    time.perf_counter()) for every process of the run to say so."""
+    import time
+    open(os.path.join(ready_dir, str(os.getpid())), "w").close()
+    while len(os.listdir(ready_dir)) < int(os.environ[PEERS]) and time.perf_counter() < deadline:
+        time.sleep(0.05)
+
+
 def _tail(*outputs) -> str:
     text = "".join(o.decode(errors="replace") if isinstance(o, bytes) else (o or "") for o in outputs)
     return text[-2000:]

@@ -50,9 +50,7 @@ import argparse
 import contextlib
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -500,9 +498,7 @@ def child(mode: str, threads: int, seconds: float, out: str, ready_dir: str | No
             and time.perf_counter() < deadline:
         time.sleep(0.05)
     if ready_dir:  # processes: every one starts its window together
-        open(os.path.join(ready_dir, str(os.getpid())), "w").close()
-        while len(os.listdir(ready_dir)) < int(os.environ["DRAFTER_PROCESSES"]) and time.perf_counter() < deadline:
-            time.sleep(0.05)
+        _harness.start_together(ready_dir, deadline)
     if probe:
         prober.start_sampling()
         prober.start_gil_watch()
@@ -606,22 +602,10 @@ def run_mode(mode: str, seconds: float, device: str, probe: bool = False) -> dic
 
 def _processes(mode: str, argv: list[str], seconds: float, n: int = 3) -> dict:
     """n processes, one drafter each, windows started together; their figures summed."""
-    with tempfile.TemporaryDirectory(prefix="fxguard-drafters-") as tmp:
-        ready = os.path.join(tmp, "ready")
-        os.mkdir(ready)
-        procs, outs = [], []
-        for i in range(n):
-            caches = {var: os.path.join(tmp, f"{i}-{name}") for name, var in _harness.CACHES.items()}
-            outs.append(os.path.join(tmp, f"{i}.json"))
-            procs.append(subprocess.Popen(
-                [sys.executable, __file__, "--child", "processes-fast", "--threads", "1", *argv,
-                 "--ready-dir", ready, "--out", outs[-1]],
-                env=dict(os.environ, DRAFTER_PROCESSES=str(n), **caches),
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-        tails = [p.communicate(timeout=seconds + 600)[0][-1500:] for p in procs]
-        if not all(os.path.exists(o) for o in outs):
-            return {"mode": mode, "status": "failed", "detail": "\n".join(tails)}
-        parts = [json.load(open(o)) for o in outs]
+    parts = _harness.in_processes(
+        __file__, [["--child", "processes-fast", "--threads", "1", *argv]] * n, timeout=seconds + 600)
+    if isinstance(parts, str):
+        return {"mode": mode, "status": "failed", "detail": parts}
     steps = [p["steps_in_window"][0] for p in parts]
 
     def per_step(figure) -> float:  # the processes' figure, weighted by their steps

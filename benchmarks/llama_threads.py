@@ -29,12 +29,8 @@ No download: the model is built from a config.  Needs ``transformers``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 
@@ -135,9 +131,7 @@ def child(mode: str, device: str, threads: int, seconds: float, out: str, window
         while len(all_shapes) < threads and time.perf_counter() < deadline and not stop.is_set():
             time.sleep(0.05)
         if ready_dir:  # processes: every one starts its window together
-            open(os.path.join(ready_dir, str(os.getpid())), "w").close()
-            while len(os.listdir(ready_dir)) < int(os.environ["LLAMA_PROCESSES"]) and time.perf_counter() < deadline:
-                time.sleep(0.05)
+            _harness.start_together(ready_dir, deadline)
         before, t0 = list(steps), time.perf_counter()
         time.sleep(window)
         steady = {"steps": [b - a for a, b in zip(before, steps)], "window_s": round(time.perf_counter() - t0, 2)}
@@ -217,23 +211,11 @@ def main() -> int:
 def _processes(argv: list[str], args) -> dict:
     """One drafter in each of ``args.threads`` processes (caches of their own), windows
     started together; their figures as one mode's."""
-    n = args.threads
-    with tempfile.TemporaryDirectory(prefix="fxguard-llama-") as tmp:
-        ready = os.path.join(tmp, "ready")
-        os.mkdir(ready)
-        procs, outs = [], []
-        for i in range(n):
-            caches = {var: os.path.join(tmp, f"{i}-{name}") for name, var in _harness.CACHES.items()}
-            outs.append(os.path.join(tmp, f"{i}.json"))
-            procs.append(subprocess.Popen(
-                [sys.executable, __file__, "--child", "processes", "--threads", "1", *argv, "--offset", str(i),
-                 "--ready-dir", ready, "--out", outs[-1]],
-                env=dict(os.environ, LLAMA_PROCESSES=str(n), TORCHINDUCTOR_FX_GRAPH_CACHE="0", **caches),
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-        tails = [p.communicate(timeout=args.seconds + args.window + 400)[0][-1500:] for p in procs]
-        if not all(os.path.exists(o) for o in outs):
-            return {"mode": "processes", "status": "failed", "detail": "\n".join(tails)}
-        parts = [json.load(open(o)) for o in outs]
+    parts = _harness.in_processes(
+        __file__, [["--child", "processes", "--threads", "1", *argv, "--offset", str(i)] for i in range(args.threads)],
+        env={"TORCHINDUCTOR_FX_GRAPH_CACHE": "0"}, timeout=args.seconds + args.window + 400)
+    if isinstance(parts, str):
+        return {"mode": "processes", "status": "failed", "detail": parts}
 
     def worst(key: str):
         values = [p[key] for p in parts]

@@ -176,14 +176,14 @@ def test_an_eager_draw_in_the_moment_another_thread_begins_a_capture(monkeypatch
     """The recorder held right after capture_begin returns (before the default
     state is put back): this thread draws from the default generator then."""
     streams, begun, go = cudagraph_rng.thread_streams, threading.Event(), threading.Event()
-    mark = streams.capturing
+    put_back = streams.begun
 
-    def held_after_begin():
-        mark()
+    def held_after_begin(plan):
         if threading.current_thread().name == "recorder" and not begun.is_set():
             begun.set()
             go.wait(60)
-    monkeypatch.setattr(streams, "capturing", held_after_begin)
+        put_back(plan)
+    monkeypatch.setattr(streams, "begun", held_after_begin)
     capturing.clear()
     release.set()      # the graph's own hold does not wait
     with torch.cuda.stream(torch.cuda.Stream()):
@@ -226,19 +226,20 @@ def test_synchronize_on_the_default_stream_while_another_thread_records(guard):
 @pytest.mark.parametrize("guard", [pytest.param("off", marks=pytest.mark.xfail(
     strict=True, reason="stock: a device sync in the moment another thread's capture begins")), "on"])
 def test_a_sync_in_the_moment_another_thread_begins_a_capture(guard, monkeypatch):
-    """The recorder held right after capture_begin returned (its stream captures,
-    and fxguard's mark after capture_begin, where the mark once was, not yet
-    made): another thread's torch.cuda.synchronize() then waits for the capture."""
+    """The recorder held inside capture_begin, right after torch's C++ begin
+    returned (its stream captures; the GIL was released there): another
+    thread's torch.cuda.synchronize() then waits for the capture."""
     from guarded import held_in, wait_until
-    streams, begun, go, synced = cudagraph_rng.thread_streams, threading.Event(), threading.Event(), {}
-    mark = streams.capturing
+    begun, go, synced = threading.Event(), threading.Event(), {}
+    stock_begin = torch._C._CUDAGraph.capture_begin
 
-    def held_after_begin():
+    def begin_then_hold(self, *args, **kwargs):
+        began = stock_begin(self, *args, **kwargs)
         if threading.current_thread().name == "recorder" and not begun.is_set():
             begun.set()
             go.wait(60)
-        mark()
-    monkeypatch.setattr(streams, "capturing", held_after_begin)
+        return began
+    monkeypatch.setattr(torch._C._CUDAGraph, "capture_begin", begin_then_hold)
     capturing.clear()
     release.set()      # the graph's own hold does not wait
     replayer(draws=False)()   # this thread's own graphs: other threads' trees live

@@ -290,41 +290,32 @@ class ThreadStreams:
         plan = self._current()
         if plan is not None:
             plan.swap_out()
-        self._mark_capture(False)
+        self._unmark_capture()
 
-    # -- who captures now (between capture_begin and capture_end) ---------------------
-    def capturing(self) -> None:
-        """After a successful capture_begin: this thread captures on its device."""
-        self._mark_capture(True)
-
-    def _mark_capture(self, on: bool, device: int | None = None) -> None:
-        """Marks this thread capturing on ``device`` (the current one where None),
-        or unmarks it everywhere: idempotent, so a cleanup that runs again after an
-        interrupt at any line here still leaves no mark."""
-        import torch
+    # -- who captures now (capture_begin, called or not yet, to capture_end) -----------
+    def _unmark_capture(self) -> None:
+        """This thread captures nowhere: idempotent, so a cleanup that runs again
+        after an interrupt at any line here still leaves no mark."""
         me = threading.get_ident()
-        if not on:
-            with self._capture_cond:
-                for threads in self._captures.values():
-                    threads.discard(me)
-                self._capture_cond.notify_all()
-            return
-        device = self._plan.capture_device = torch.cuda.current_device() if device is None else device
         with self._capture_cond:
-            self._captures.setdefault(device, set()).add(me)
+            for threads in self._captures.values():
+                threads.discard(me)
+            self._capture_cond.notify_all()
 
     def _capture_starts(self, device: int | None = None) -> None:
-        """Marks this thread capturing on its device (device-wide calls in other
-        threads wait from now on), then waits for the ones already running there
-        to return: capture_begin releases the GIL once the stream captures, and a
-        device sync or kernel load meanwhile fails ("operation not permitted when
-        stream is capturing"), as one still running when the capture begins does."""
-        self._mark_capture(True, device)
-        if not self.enabled:
-            return
-        device, me = self._plan.capture_device, threading.get_ident()
+        """Before capture_begin: marks this thread capturing on its device (the
+        current one where None; device-wide calls in other threads wait from now
+        on), then waits for the ones already running there to return:
+        capture_begin releases the GIL once the stream captures, and a device sync
+        or kernel load meanwhile fails ("operation not permitted when stream is
+        capturing"), as one still running when the capture begins does."""
+        if device is None:
+            import torch
+            device = torch.cuda.current_device()
+        me = threading.get_ident()
         with self._capture_cond:
-            while True:
+            self._captures.setdefault(device, set()).add(me)
+            while self.enabled:
                 calls = self._device_calls.get(device, {})
                 # A call an interrupt left listed (its frame no longer runs) is dropped.
                 running = {t for t, frame in calls.items() if t != me and runs_on(t, frame)}
@@ -459,7 +450,6 @@ BEGIN = """\
     try:
         plan = {ns}.streams.begin()
         began = {ns}.inner({call})
-        {ns}.streams.capturing()
         {ns}.streams.begun(plan)
         return began
     except BaseException:

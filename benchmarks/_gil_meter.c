@@ -8,8 +8,12 @@
  * through ctypes.PyDLL) and name their phase by writing an int (meter_phase).
  *
  * Reads the GIL's first fields through CPython's internal headers (3.11-3.13);
- * CPU builds with the GIL only.  One meter per process, started and stopped by
- * the benchmark's main thread. */
+ * CPython builds with the GIL only.  One meter per process, started and stopped
+ * by the benchmark's main thread.  Protection: the sums are written by the
+ * sampler alone and read after meter_stop() joins it; each meter_phase slot is
+ * written by its own thread; slot_state and meter_slots_used are written under
+ * the GIL (meter_register) and read by the sampler without a lock, where a stale
+ * read files one interval under "other threads". */
 #define Py_BUILD_CORE_MODULE 1
 #include <Python.h>
 #include "internal/pycore_interp.h"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -56,7 +57,9 @@ def _gil_ms(mode: dict) -> str:
     gil = mode.get("gil")
     if not gil or "ms_per_step" not in gil:
         return "–"  # not metered
-    return f"{sum(gil['ms_per_step'].values()):.2f} + {gil['other_threads_ms_per_step']:.2f}"
+    # fsum: sum() of floats rounds differently from 3.12 on (compensated), and the table
+    # must read the same whichever Python regenerates or checks it.
+    return f"{math.fsum(gil['ms_per_step'].values()):.2f} + {gil['other_threads_ms_per_step']:.2f}"
 
 
 def text(x) -> str:

@@ -9,7 +9,6 @@ torch trace in torch_support/test_torch_faults.py.)
 import math
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -338,35 +337,3 @@ def test_core_stress_briefly():
     proc = subprocess.run([sys.executable, str(stress), "1", "4"], capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-
-
-# -- interpreters ---------------------------------------------------------------------
-
-
-@pytest.mark.skipif(sys.version_info < (3, 12), reason="a GIL per interpreter: 3.12+")
-def test_works_in_a_subinterpreter_with_its_own_gil():
-    """module.c declares Py_MOD_PER_INTERPRETER_GIL_SUPPORTED; 3.12's private module
-    makes such an interpreter (isolated=True).  Run by hand on 3.12.1: passes."""
-    interpreters = pytest.importorskip("_xxsubinterpreters")
-    code = textwrap.dedent(f"""
-        import sys, threading, time
-        sys.path[:0] = {sys.path!r}
-        from fxguard import _core
-        with _core.fx_tracing():
-            assert _core.is_fx_tracing()
-        lock = _core.RLock()
-        def contend():
-            with lock:
-                pass
-        with lock:
-            t = threading.Thread(target=contend)
-            t.start()
-            time.sleep(0.05)
-        t.join()
-        assert not _core.is_fx_tracing() and lock.stats()["contended"] == 1
-    """)
-    interp = interpreters.create(isolated=True)
-    try:
-        interpreters.run_string(interp, code)
-    finally:
-        interpreters.destroy(interp)

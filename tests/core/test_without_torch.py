@@ -134,3 +134,57 @@ def test_rlock_basics_without_torch():
                 assert lock.stats()['depth'] == 2
         assert not lock.locked()
     """)
+
+
+# The subinterpreter module: private, renamed in 3.13 (create() takes a config there).
+SUBINTERPRETERS = {
+    "_xxsubinterpreters": "interpreters.create(isolated=True)",
+    "_interpreters": "interpreters.create('isolated')",
+}
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="a GIL per interpreter: 3.12+")
+def test_the_core_works_in_a_subinterpreter_with_its_own_gil():
+    """module.c declares Py_MOD_PER_INTERPRETER_GIL_SUPPORTED: the core runs in
+    an isolated interpreter (a GIL of its own).  In a child process, as every
+    test here: creating a subinterpreter turns PyGILState_Check() off for the
+    rest of the process, and torch's autograd engine then refuses every
+    backward ("called while holding the GIL")."""
+    import importlib.util
+    name = next((n for n in SUBINTERPRETERS if importlib.util.find_spec(n)), None)
+    if name is None:
+        pytest.skip("no subinterpreter module in this Python")
+    # The core alone, loaded from its file: the package imports hashlib, which
+    # crashes the process at exit once an isolated subinterpreter used it
+    # (CPython 3.12.1: "free(): invalid pointer"), fxguard or not.
+    core = importlib.util.find_spec("fxguard._core").origin
+    inner = textwrap.dedent(f"""
+        import importlib.util, threading, time
+        spec = importlib.util.spec_from_file_location("fxguard._core", {core!r})
+        _core = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(_core)
+        with _core.fx_tracing():
+            assert _core.is_fx_tracing()
+        lock = _core.RLock()
+        def contend():
+            with lock:
+                pass
+        with lock:
+            t = threading.Thread(target=contend)
+            t.start()
+            time.sleep(0.05)
+        t.join()
+        assert not _core.is_fx_tracing() and lock.stats()["contended"] == 1
+        print("inner ran")
+    """)
+    outer = textwrap.dedent(f"""
+        import {name} as interpreters
+        interp = {SUBINTERPRETERS[name]}
+        try:
+            interpreters.run_string(interp, {inner!r})
+        finally:
+            interpreters.destroy(interp)
+    """)
+    proc = subprocess.run([sys.executable, "-c", outer], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and "inner ran" in proc.stdout, proc.stdout + proc.stderr

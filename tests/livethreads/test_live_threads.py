@@ -80,13 +80,24 @@ def _is_generator(fn):
     return bool(fn.__code__.co_flags & inspect.CO_GENERATOR)
 
 
+class _NotSelf:
+    """The placeholder ``self`` of a method that calls ``super()``: with None,
+    CPython 3.12+ raises AttributeError or TypeError there depending on whether
+    the code ran traced before (its LOAD_SUPER_ATTR path), so a parked run and its
+    baseline could differ with nothing changed; with this, every path raises
+    the same TypeError."""
+
+
 def _arguments(fn):
     if fn.__name__ in ARGS:
         return ARGS[fn.__name__], {}
     code = fn.__code__
     required = code.co_argcount - len(fn.__defaults__ or ())
     kwonly = code.co_varnames[code.co_argcount:code.co_argcount + code.co_kwonlyargcount]
-    return (None,) * required, {k: None for k in kwonly if k not in (fn.__kwdefaults__ or {})}
+    args = [None] * required
+    if args and "__class__" in code.co_freevars:
+        args[0] = _NotSelf()
+    return tuple(args), {k: None for k in kwonly if k not in (fn.__kwdefaults__ or {})}
 
 
 def _outcome(call):

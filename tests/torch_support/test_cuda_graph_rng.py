@@ -15,8 +15,7 @@ import torch
 
 import fxguard
 from fxguard.torch_support import cudagraph_rng
-import guarded
-from guarded import fresh_function
+from guarded import fresh_function, gil_off
 
 OLD_RNG = torch.__version__ < (2, 12)  # the capturing mark is the process's
 STOCK_FAILS = pytest.mark.xfail(strict=True, reason="stock: the default generator's state is "
@@ -478,7 +477,7 @@ def test_a_capture_begins_once_other_threads_device_calls_have_returned():
     assert streams._device_calls[0] == {} and streams._captures[0] == set()
 
 
-@pytest.mark.skipif(guarded.gil_off(), reason="other threads' frames are not walked with the GIL off: "
+@pytest.mark.skipif(gil_off(), reason="other threads' frames are not walked with the GIL off: "
                     "such a call lapses when its thread ends")
 def test_a_device_call_an_interrupt_left_listed_lapses_with_its_frame():
     """A device call whose __exit__ never ran (an interrupt) does not hold a

@@ -2,8 +2,9 @@
 
 What a speculative-decoding trainer does: every drafter thread builds a
 block mask with ``create_block_mask`` each step, calls one shared
-``torch.compile(flex_attention)``, and sees sequence lengths change.  On CUDA
-the drafters train (flex attention's backward); on CPU they run forward only.
+``torch.compile(flex_attention)``, and sees sequence lengths change.  A CPU
+shows the forward passes, the races and the compile counts; training needs a
+GPU (on the CPU, torch's flex attention backward raises NotImplementedError).
 
     python examples/drafters.py              # stock torch
     python examples/drafters.py --fxguard    # with fxguard.install()

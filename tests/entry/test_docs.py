@@ -25,7 +25,7 @@ LONGEST_LINE = 200
 INTERNAL = (
     (r"\bissues? #?\d+", "an issue number of ours"),
     (r"(?<![\w/])#\d+\b", "an issue number of ours (upstream ones read pytorch#NNN)"),
-    (r'\bissues? "', "an issue of ours by its title"),
+    (r'\bissue "', "an issue of ours by its title"),
     (r"\bthe issue'?s\b", "an issue of ours"),
     (r"\blent\b|\blending\b|\bon loan\b|\bloans?\b", "how a machine was obtained"),
     (r"\bgot an? (?:[AH]\d{3}|GPU|machine)\b|\b(?:was|were) (?:not )?at hand\b",
@@ -34,7 +34,7 @@ INTERNAL = (
      "how long a machine was held"),
     (r"\bwarm machine\b|\bheld for \d+ min", "how a machine was held"),
     (r"\bcalls? of (?:one|the same|a|another) machine\b|\b(?:[AH]\d{3}|machine) of "
-     r"(?:another|the same|one) call\b|\bcalls? that each\b|\bdevice calls? (?:still )?pending\b",
+     r"(?:another|the same|one) call\b|\bdevice calls? (?:still )?pending\b",
      "a call to a machine of ours, not a run of the product"),
     (r"\bdiagnosis (?:windows?|calls?|runs?)\b", "our own way of working"),
     (r"\b(?:of|in|during) (?:this|that|each|the last|the previous|an earlier|a later) stop\b"
@@ -116,7 +116,8 @@ def test_the_internal_words_are_caught(words):
     "records made before this fork stop counting", "when the last one stops",
     "threads that stop compiling", "registered from the main thread", "a diagnosis summary line",
     "GitHub issues list", "a call that also builds", "before: main at 2893738", "a device call",
-    "the code-cache session", "the code cache's session exit", "the issue is torch's", "main sets it"])
+    "the code-cache session", "the code cache's session exit",
+    'torch issues "a deprecation warning"', "two calls that each compile a graph", "the issue is torch's", "main sets it"])
 def test_the_products_own_words_pass(words):
     assert not _found([(1, words)], "example", INTERNAL)
 

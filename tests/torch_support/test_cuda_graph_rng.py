@@ -554,3 +554,71 @@ def test_a_capture_on_a_thread_threading_does_not_list_is_waited_for():
     release.set()
     b.join(60)
     assert passed.is_set() and done.wait(60)
+
+
+# -- seeds over a process's life, and torch.cuda.manual_seed ----------------------------
+
+def _recorded_then(steps: int, ready: threading.Barrier, go: threading.Barrier):
+    """A thread's body: records a graphed dropout on a stream of its own, waits
+    at ``ready``, then replays ``steps`` masks, each step in lockstep at ``go``."""
+    def body():
+        with torch.cuda.stream(torch.cuda.Stream()):
+            replay = replayer(draws=True)
+            torch.cuda.current_stream().synchronize()
+            ready.wait(300)
+            masks = []
+            for _ in range(steps):
+                go.wait(300)
+                masks.append(replay().cpu())
+            return masks
+    return body
+
+
+@on_gpu
+def test_a_thread_started_after_another_ended_never_takes_a_live_threads_seed():
+    """The main thread keeps the default state; A and B get states of their own;
+    A ends; C starts while B lives.  B's and C's replays (the same graph, the
+    same offsets) must draw different masks: C never reuses B's seed."""
+    with torch.cuda.stream(torch.cuda.Stream()):
+        replayer(draws=True)()   # the main thread's: it keeps the default state
+    a = in_thread(_recorded_then(1, threading.Barrier(1), threading.Barrier(1)), name="a")
+    ready, go = threading.Barrier(3), threading.Barrier(2)
+    b = in_thread(_recorded_then(8, ready, go), name="b")
+    a()    # A has ended
+    gc.collect()
+    c = in_thread(_recorded_then(8, ready, go), name="c")
+    ready.wait(300)
+    masks_b, masks_c = b(), c()
+    equal = sum(torch.equal(x, y) for x, y in zip(masks_b, masks_c))
+    assert equal == 0, f"{equal} of 8 steps drew the same mask in B and C"
+
+
+@on_gpu
+def test_manual_seed_reseeds_every_threads_graphed_draws():
+    """torch.cuda.manual_seed(s) sets every thread's graphed stream back to a
+    start fixed by s, as stock's graphs follow the default generator's seed."""
+    ready, seeded, go = threading.Barrier(2), threading.Event(), threading.Event()
+
+    def thread():
+        with torch.cuda.stream(torch.cuda.Stream()):
+            replay = replayer(draws=True)
+            ready.wait(300)
+            runs = []
+            for _ in range(2):
+                seeded.wait(300)
+                seeded.clear()
+                runs.append([replay().cpu() for _ in range(3)])
+                go.set()
+            return runs
+    with torch.cuda.stream(torch.cuda.Stream()):
+        replayer(draws=True)()   # the main thread keeps the default state
+    joined = in_thread(thread, name="drafter")
+    ready.wait(300)
+    for _ in range(2):
+        go.clear()
+        torch.cuda.manual_seed(5)
+        seeded.set()
+        assert go.wait(300)
+    first, second = joined()
+    assert all(torch.equal(x, y) for x, y in zip(first, second))
+    assert not torch.equal(first[0], first[1])

@@ -41,9 +41,7 @@ is held by the recording's frame (one an interrupt left behind lapses with it).
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
-import re
 import sys
 import threading
 import types
@@ -51,6 +49,7 @@ import weakref
 from typing import Any, Callable
 
 from . import cuda_thread
+from .graph_draws import draws
 from .cudagraphs import OPTION, TREES, lane_getter, live_managers, stood_down
 from ..machinery.changes import Outcome
 from ..machinery.held_by_frame import on_my_stack, runs_on
@@ -64,65 +63,16 @@ CAPTURE_BEGIN = "torch.cuda.graphs.CUDAGraph.capture_begin"
 CAPTURE_END = "torch.cuda.graphs.CUDAGraph.capture_end"
 SYNCHRONIZE = "torch.cuda.synchronize"
 
-# Names in inductor's output code that draw from a generator (its seeds come from
-# aten.randint; fallback_random keeps aten's own ops; aten's fused attention ops
-# take a dropout argument by position; flex attention's kernels draw nothing).
-# Code fxguard cannot read draws.
-DRAWS = re.compile(r"rand|bernoulli|dropout|normal|uniform|multinomial|exponential|cauchy"
-                   r"|geometric|seed|philox|scaled_dot_product|_attention_forward|transformer")
-
-
-OUTPUT_CODE = re.compile(r"call|partition_\d+")  # a graph partition's own function (2.9+)
-
-
-def _output_code(fn: Any, seen: set[int] | None = None) -> str | None:
-    """The source of inductor's ``call`` (or partition) in ``fn`` or what it wraps, following
-    closures, ``__wrapped__`` and ``func``: its extern calls, the names of the
-    kernels it launches and the source nodes of each."""
-    seen = set() if seen is None else seen
-    if id(fn) in seen or len(seen) > 64:
-        return None
-    seen.add(id(fn))
-    fn = getattr(fn, "__func__", fn)
-    if isinstance(fn, types.FunctionType):
-        if OUTPUT_CODE.fullmatch(fn.__name__) and fn.__code__.co_filename.endswith(".py"):
-            try:
-                return inspect.getsource(fn)  # the module's harness imports random
-            except (OSError, TypeError):
-                return None
-        inner = [c.cell_contents for c in fn.__closure__ or () if _filled(c)]
-    else:
-        inner = []
-    inner += [getattr(fn, a) for a in ("__wrapped__", "func", "current_callable") if hasattr(fn, a)]
-    for candidate in inner:
-        if callable(candidate):
-            text = _output_code(candidate, seen)
-            if text is not None:
-                return text
-    return None
-
-
-def _filled(cell: types.CellType) -> bool:
-    try:
-        cell.cell_contents
-    except ValueError:
-        return False
-    return True
-
-
-def draws(model: Any) -> bool:
-    """Whether a graphed callable may draw random numbers (True where unsure)."""
-    text = _output_code(model)
-    return text is None or DRAWS.search(text) is not None
-
-
 class ThreadStreams:
     """Each thread's (lane's) generator state per device, and who records now."""
 
     def __init__(self, lane_maker: Callable[[], Callable[[], Any]]) -> None:
         self._lane_maker, self._lane_fn = lane_maker, None
-        self._own: weakref.WeakKeyDictionary[Any, dict[int, Any]] = weakref.WeakKeyDictionary()
+        # lane: {device: (its generator state, its ordinal)}
+        self._own: weakref.WeakKeyDictionary[Any, dict[int, tuple[Any, int]]] = \
+            weakref.WeakKeyDictionary()
         self._owner: dict[int, Any] = {}   # device: weakref to the lane that keeps the default
+        self._ordinals: dict[int, int] = {}  # device: the last ordinal given there
         self._made = threading.Lock()
         self._plan = threading.local()     # .stack: (generator to swap in, for the whole capture)
         self._warned: set[str] = set()
@@ -143,16 +93,33 @@ class ThreadStreams:
         lane = self._lane()
         with self._made:
             states = self._own.setdefault(lane, {})
-            gen = states.get(device)
-            if gen is None:
+            if device not in states:
                 default = torch.cuda.default_generators[device]
                 gen = default.clone_state()
-                # A stream of its own: the process's seed, moved by the thread's ordinal.
-                ordinal = 1 + sum(device in s for s in self._own.values())
-                gen.manual_seed((default.initial_seed() + 0x9E3779B97F4A7C15 * ordinal)
-                                % (1 << 63))
-                states[device] = gen
-        return gen
+                # A stream of its own: the device's seed, moved by an ordinal that only
+                # grows, so no two threads of the process's life share one.
+                ordinal = self._ordinals[device] = self._ordinals.get(device, 0) + 1
+                gen.manual_seed(_seed(default.initial_seed(), ordinal))
+                states[device] = (gen, ordinal)
+            return states[device][0]
+
+    def reseed(self, seed: int, device: int | None) -> None:
+        """torch.cuda.manual_seed(_all) ran: every thread's own state on the
+        device (on every device where None) follows the new seed, each with its
+        ordinal, as every graph follows the default generator's seed under stock."""
+        with self._made:
+            owned = [(d, gen, ordinal) for states in self._own.values()
+                     for d, (gen, ordinal) in states.items()]
+        if not owned:
+            return
+        if device is None:
+            targets = None
+        else:
+            import torch
+            targets = {torch.cuda.current_device() if device < 0 else device}
+        for d, gen, ordinal in owned:
+            if targets is None or d in targets:
+                gen.manual_seed(_seed(int(seed), ordinal))
 
     def _keeps_default(self, device: int) -> bool:
         lane = self._lane()
@@ -186,10 +153,11 @@ class ThreadStreams:
         if model is None:      # a tree manager's first, empty graph
             if live_managers.on_device(device) >= 1:
                 self._warn_default_stream(device)
-            return _Plan(self, device if _beside_others(device, 1) else None, whole=False)
+            return _Plan(self, device if _marks_process(device, 1) else None, whole=False)
         if not draws(model):
-            # Alone: as stock.  Beside others: nothing of the process marked capturing.
-            return _Plan(self, device if _beside_others(device, 2) else None, whole=False)
+            # Alone, or where torch marks each capture's own state: as stock.  Beside
+            # others' graphs on torch <= 2.11: nothing of the process marked capturing.
+            return _Plan(self, device if _marks_process(device, 2) else None, whole=False)
         if live_managers.on_device(device) >= 2:   # other threads' graphs on the device
             self._warn_drawing(device)
         if self._keeps_default(device):
@@ -367,10 +335,20 @@ class _DeviceCall:
         self.streams._device_call_ends(self.device)
 
 
-def _beside_others(device: int, managers: int) -> bool:
-    """Whether other threads may use the device: more live tree managers there
-    than ``managers`` - 1, or other Python threads at all."""
-    return live_managers.on_device(device) >= managers or threading.active_count() > 1
+def _seed(seed: int, ordinal: int) -> int:
+    return (seed + 0x9E3779B97F4A7C15 * ordinal) % (1 << 63)
+
+
+def _marks_process(device: int, managers: int) -> bool:
+    """Whether a capture that draws nothing needs a state of its own at its
+    beginning: on torch <= 2.11 (whose capture marks the state it registers
+    capturing for the process) where other threads use CUDA graphs on the
+    device: more live tree managers there than ``managers`` - 1, or another
+    thread's cuda_graph_thread() block."""
+    import torch
+    if torch.__version__ >= (2, 12):
+        return False
+    return live_managers.on_device(device) >= managers or cuda_thread.blocks.others(device)
 
 
 class _Plan:
@@ -475,6 +453,13 @@ LOAD = """\
     with {ns}.waiting(None):
         return {ns}.inner({call})
 """
+# torch.cuda.manual_seed (the current device's) and manual_seed_all (torch.manual_seed's):
+# threads' own states follow the new seed.
+RESEED = """\
+    seeded = {{ns}}.inner({{call}})
+    {{ns}}.streams.reseed(seed, {device})
+    return seeded
+"""
 STREAMS = ("streams", lambda: thread_streams)
 KERNEL_LOAD = "triton.compiler.compiler.CompiledKernel._init_handles"
 
@@ -495,7 +480,11 @@ ROWS = (
     Wrapped("CUDA-graph random numbers per thread",
             (Swap(NODE_RECORD, RECORD, (STREAMS,), params=("self", "model")),
              Swap(CAPTURE_BEGIN, BEGIN, (STREAMS,), params=("self",)),
-             Swap(CAPTURE_END, END, (STREAMS,), params=("self",))),
+             Swap(CAPTURE_END, END, (STREAMS,), params=("self",)),
+             Swap("torch.cuda.random.manual_seed", RESEED.format(device=-1), (STREAMS,),
+                  params=("seed",)),
+             Swap("torch.cuda.random.manual_seed_all", RESEED.format(device=None), (STREAMS,),
+                  params=("seed",))),
             rng_needed, option=OPTION),
     Wrapped("torch.cuda.synchronize() waits for the device's recording",
             (Swap(SYNCHRONIZE, SYNC, (("waiting", lambda: recording_on),),

@@ -14,6 +14,14 @@ a new thread and the main thread each train steps of the same function;
 work; the default generator keeps the process's seed; no live thread is marked
 capturing and no backward turn is held.  Lines run in the autograd worker
 (the backward's recording) are not in a thread's trace.
+
+A case takes about 0.6 s on an H100 (torch 2.11), and both scenarios hold about
+565 cases: split them to fit a machine lent for minutes.
+``FXGUARD_FAULT_SHARD=i/n`` runs every n-th case from the i-th (0-based, counted
+over both scenarios in order), so the shards 0/n .. n-1/n together run every case
+once.  ``FXGUARD_FAULT_BUDGET_S=S`` starts no case once the next would end past S
+seconds (from the first case on): a run cut so fails, saying how many of its cases
+ran, never passes on the part it reached.
 """
 from __future__ import annotations
 
@@ -40,6 +48,41 @@ SOURCES = {
 }
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+def shard() -> tuple[int, int]:
+    """(i, n) of FXGUARD_FAULT_SHARD=i/n ((0, 1): every case)."""
+    text = os.environ.get("FXGUARD_FAULT_SHARD", "0/1")
+    try:
+        i, n = (int(p) for p in text.split("/"))
+    except ValueError:
+        raise ValueError(f"FXGUARD_FAULT_SHARD={text!r}: want i/n, 0 <= i < n") from None
+    if not 0 <= i < n:
+        raise ValueError(f"FXGUARD_FAULT_SHARD={text!r}: want i/n, 0 <= i < n")
+    return i, n
+
+
+def budget() -> float | None:
+    """FXGUARD_FAULT_BUDGET_S in seconds, or None (no budget)."""
+    text = os.environ.get("FXGUARD_FAULT_BUDGET_S")
+    return float(text) if text else None
+
+
+class Budget:
+    """Whether the next case still fits ``seconds`` from the first case on: the
+    next is taken to last as long as the longest so far (a case that waited on a
+    hang guard counts as such)."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.seconds, self.started, self.longest, self.cut = seconds, time.monotonic(), 0.0, False
+
+    def fits(self) -> bool:
+        if self.seconds is not None and time.monotonic() - self.started + self.longest > self.seconds:
+            self.cut = True
+        return not self.cut
+
+    def took(self, seconds: float) -> None:
+        self.longest = max(self.longest, seconds)
 
 
 def steps(compiled, n=STEPS) -> list[float]:
@@ -165,7 +208,10 @@ def _try(fn):
 def test_an_interrupt_at_every_line_of_a_recording_leaves_the_function_working():
     """In a child interpreter (a thread an interrupt breaks may keep torch state)."""
     from guarded import run_test_in_child
-    run_test_in_child(__file__, "test_every_line_in_this_process", "FXGUARD_TEST_FAULTS_HERE")
+    shard()  # a malformed FXGUARD_FAULT_SHARD fails here, not in the child
+    seconds = budget()
+    run_test_in_child(__file__, "test_every_line_in_this_process", "FXGUARD_TEST_FAULTS_HERE",
+                      **({"timeout": seconds + 600} if seconds is not None else {}))
 
 
 @pytest.mark.skipif(not os.environ.get("FXGUARD_TEST_FAULTS_HERE"),
@@ -174,7 +220,10 @@ def test_every_line_in_this_process():
     from guarded import fresh_function
     fxguard.install()
     torch.manual_seed(SEED)
-    failures, not_run_again, count, started = [], [], 0, time.monotonic()
+    which, of = shard()
+    clock = Budget(budget())
+    failures, not_run_again, count, index, started = [], [], 0, -1, time.monotonic()
+    seen = {}  # scenario: its cases (lines), all shards'
     for scenario, source in SOURCES.items():
         compiled = torch.compile(fresh_function(source, "f", {"torch": torch}),
                                  mode="reduce-overhead")
@@ -183,10 +232,17 @@ def test_every_line_in_this_process():
         swapped = swapped_codes()  # rows applied as inductor's modules were imported too
         tracer, problems = one_case(compiled, swapped)
         assert not problems, f"{scenario} without an exception: {problems}"
-        print(f"{scenario}: {len(tracer.seen)} lines", flush=True)
-        for line in tracer.seen:
-            if line in tracer.nops:
-                continue  # no interrupt is delivered at a NOP (line_faults.at_nop)
+        lines = [line for line in tracer.seen if line not in tracer.nops]  # no interrupt at a NOP
+        seen[scenario] = len(lines)
+        mine = sum(1 for k in range(index + 1, index + 1 + len(lines)) if k % of == which)
+        print(f"{scenario}: {len(tracer.seen)} lines, {len(lines)} cases, {mine} in shard "
+              f"{which}/{of}", flush=True)
+        for line in lines:
+            index += 1
+            if index % of != which:
+                continue
+            if not clock.fits():
+                break
             count += 1
             if count % 25 == 0:  # a run cut short still says how far it got
                 print(f"{count} cases in {time.monotonic() - started:.0f} s", flush=True)
@@ -194,7 +250,9 @@ def test_every_line_in_this_process():
             # A case takes about a second: one still running after a minute says where every
             # thread waits (its main-thread run has no guard).
             faulthandler.dump_traceback_later(60, exit=False)
+            began = time.monotonic()
             case, problems = one_case(compiled, swapped, line)
+            clock.took(time.monotonic() - began)
             faulthandler.cancel_dump_traceback_later()
             if problems:
                 failures.append(f"{scenario}: KeyboardInterrupt at {short(line)}: "
@@ -208,9 +266,18 @@ def test_every_line_in_this_process():
             elif not case.fired:
                 not_run_again.append(short(line))
             gc.collect()
-    print(f"{count} cases in {time.monotonic() - started:.0f} s; {len(failures)} failing; "
+        if clock.cut:
+            break
+    took = time.monotonic() - started
+    print(f"{count} cases in {took:.0f} s (shard {which}/{of}); {len(failures)} failing; "
           f"{len(not_run_again)} lines a new thread does not run again")
-    assert count, "the tracer saw none of fxguard's lines"
+    if clock.cut:  # a run the budget cut is no pass: say how far it got
+        left = [s for s in SOURCES if s not in seen]
+        pytest.fail(f"FXGUARD_FAULT_BUDGET_S={clock.seconds:g} cut the run: {count} cases of shard "
+                    f"{which}/{of} ran in {took:.0f} s, cases per scenario (all shards) {seen}"
+                    + (f", {', '.join(left)} not reached" if left else "")
+                    + f"; {len(failures)} failing:\n" + "\n".join(f[:300] for f in failures))
+    assert count or of > sum(seen.values()), "the tracer saw none of fxguard's lines"
     assert not failures, (f"{len(failures)} of {count} cases leave the function broken:\n"
                           + "\n".join(failures))
     assert len(not_run_again) <= count // 4, not_run_again

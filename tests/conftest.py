@@ -70,15 +70,23 @@ def guard(request):
 
 
 HARNESSES = ("differential", "faults", "livethreads")  # minutes each, on every torch CI covers
+FULL = "`pytest --full` (or FXGUARD_FULL=1) runs it; CI does, on every torch it covers"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--full", action="store_true",
+                     help="also the long harnesses and the tests marked slow (minutes more)")
 
 
 def pytest_collection_modifyitems(config, items):
-    """FXGUARD_SKIP_HARNESSES=1 skips the long harnesses (CI's run of README's
-    command does, on the torch whose harnesses the other steps already ran)."""
-    if os.environ.get("FXGUARD_SKIP_HARNESSES") != "1":
+    """README's test command runs the quick suite (a few minutes on 2 cores);
+    ``--full`` adds the harnesses (tests/differential, faults, livethreads) and
+    the tests marked ``slow``."""
+    if config.getoption("--full") or os.environ.get("FXGUARD_FULL") == "1":
         return
-    skip = pytest.mark.skip(reason="FXGUARD_SKIP_HARNESSES=1: the harnesses ran in other steps")
+    skip = pytest.mark.skip(reason=f"long: {FULL}")
     here = os.path.dirname(os.path.abspath(__file__))
     for item in items:
-        if os.path.relpath(str(item.fspath), here).split(os.sep)[0] in HARNESSES:
+        harness = os.path.relpath(str(item.fspath), here).split(os.sep)[0] in HARNESSES
+        if harness or item.get_closest_marker("slow") is not None:
             item.add_marker(skip)

@@ -1,6 +1,6 @@
-"""RESULTS.md's tables, made from results/: run this after adding a result.
+"""RESULTS.md's tables and README.md's figures, made from results/: run this after adding a result.
 
-    python3 benchmarks/_results.py           # rewrite the tables in RESULTS.md
+    python3 benchmarks/_results.py           # rewrite the tables in RESULTS.md, the figures in README.md
     python3 benchmarks/_results.py --check   # exit 1 if they are not what results/ gives
 
 Each folder results/<benchmark>/ with JSON reports gets one table, between
@@ -8,7 +8,9 @@ Each folder results/<benchmark>/ with JSON reports gets one table, between
 a row per report (machine, torch, Python, date, the benchmark's headline figures,
 a link to the file).  Everything outside the markers is written by hand.  Reports
 written before _harness.py (the same figures, their versions under "versions")
-are read alike.  Needs no torch.
+are read alike.  README.md's figures of a benchmark (``FIGURES``) lie between
+``<!-- figures:<benchmark>:begin -->`` and ``<!-- figures:<benchmark>:end -->``: the
+newest report's, with its machine, versions, date and a link to it.  Needs no torch.
 """
 from __future__ import annotations
 
@@ -17,11 +19,13 @@ import json
 import math
 import re
 import sys
+import textwrap
 from pathlib import Path
 
 from _harness import NAME, RESULTS
 
 RESULTS_MD = RESULTS.parent / "RESULTS.md"
+README_MD = RESULTS.parent.parent / "README.md"
 MARKERS = re.compile(r"<!-- results:(?P<bench>[a-z0-9_]+):begin -->\n.*?<!-- results:(?P=bench):end -->",
                      re.DOTALL)
 
@@ -345,19 +349,75 @@ def render(markdown: str) -> str:
                                  f"<!-- results:{m['bench']}:end -->", markdown)
 
 
+# -- README.md's figures -------------------------------------------------------------
+
+def machine(r: dict) -> str:
+    """'2-core x86-64 CPU', or the GPU's name."""
+    m = (r.get("versions") or r).get("machine") or {}
+    if m.get("gpu"):
+        return m["gpu"]
+    return f"{m.get('cpus', '?')}-core {str(m.get('arch', '?')).replace('_', '-')} CPU"
+
+
+def _install_cost_figures(path: Path, r: dict) -> str:
+    med, top, sec = r["median_ratio_to_import_torch"], r["max_ratio_to_import_torch"], r["median_seconds"]
+    link = path.relative_to(README_MD.parent).as_posix()
+    return (f"Measured as a user times it ({machine(r)}, torch {r['torch']}, Python {r['python']}, "
+            f"{r['date']}, {r['runs_per_setup']} runs a setup, medians: [report]({link})): "
+            f"`install()` right after `import torch` takes {ratio(med['user'])} of `import torch` "
+            f"({sec['user']['install'] * 1e3:.0f} ms against {sec['user']['import_torch']:.2f} s; "
+            f"at most {ratio(top['user'])}), and {ratio(med['warm'])} with the compiler imported "
+            f"first ({sec['warm']['install'] * 1e3:.0f} ms). It imports no torch module: a row whose "
+            f"torch module is not imported yet (dynamo, flex attention, export) is applied when that "
+            f"module is imported, before the import returns (`status()[\"waiting\"]`), and those "
+            f"imports then take {ratio(r['later_imports_ratio'])} of their stock time. `FXGUARD=1` "
+            f"costs a process that never compiles {ratio(r['env_import_torch_ratio'])} of its "
+            f"`import torch`.")
+
+
+# benchmark -> (which of its reports qualify, the README text of one)
+FIGURES = {
+    "install_cost": (lambda r: "user" in r.get("median_ratio_to_import_torch", {})
+                     and "later_imports_ratio" in r, _install_cost_figures),
+}
+FIGURE_MARKERS = re.compile(r"<!-- figures:(?P<bench>[a-z0-9_]+):begin -->\n.*?"
+                            r"<!-- figures:(?P=bench):end -->", re.DOTALL)
+
+
+def figures(bench: str) -> str:
+    """The README text of the newest report of ``bench`` that has its figures."""
+    if bench not in FIGURES:
+        raise SystemExit(f"README.md has figures of {bench}, which {Path(__file__).name} cannot make")
+    qualifies, text = FIGURES[bench]
+    found = [(path, r) for path, r in reports(bench) if qualifies(r)]
+    if not found:
+        raise SystemExit(f"results/{bench}/ has no report with README.md's figures")
+    return textwrap.fill(text(*found[-1]), width=95, break_long_words=False, break_on_hyphens=False)
+
+
+def render_readme(markdown: str) -> str:
+    """README.md with every figures block rewritten from results/."""
+    return FIGURE_MARKERS.sub(lambda m: f"<!-- figures:{m['bench']}:begin -->\n{figures(m['bench'])}\n"
+                                        f"<!-- figures:{m['bench']}:end -->", markdown)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only say whether RESULTS.md is current")
     args = parser.parse_args(argv)
-    current = RESULTS_MD.read_text()
-    wanted = render(current)
-    if args.check:
-        if wanted != current:
-            print(f"{RESULTS_MD} is not what results/ gives: run python3 benchmarks/_results.py")
-            return 1
-        return 0
-    RESULTS_MD.write_text(wanted)
-    return 0
+    stale = []
+    for path, make in ((RESULTS_MD, render), (README_MD, render_readme)):
+        current = path.read_text()
+        wanted = make(current)
+        if wanted == current:
+            continue
+        if args.check:
+            stale.append(path)
+        else:
+            path.write_text(wanted)
+    for path in stale:
+        print(f"{path} is not what results/ gives: run python3 benchmarks/_results.py")
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":

@@ -45,3 +45,15 @@ def test_a_table_row_links_its_report_relative_to_results_md(results_module):
     table = results_module.table("thread_start")
     assert "](results/thread_start/cpu-torch2.13.0-2026-12-03.json)" in table
     assert str(BENCHMARKS) not in table
+
+
+def test_readme_figures_are_generated_from_results(results_module):
+    """README.md's "What it costs" figures are the newest install_cost report's, with its
+    machine, versions, date and a link to it (nobody types them)."""
+    readme = results_module.README_MD.read_text()
+    assert "<!-- figures:install_cost:begin -->" in readme
+    assert results_module.render_readme(readme) == readme, \
+        "README.md's figures differ from results/: run python3 benchmarks/_results.py"
+    newest = [p for p, r in results_module.reports("install_cost")
+              if results_module.FIGURES["install_cost"][0](r)][-1]
+    assert f"](benchmarks/results/install_cost/{newest.name})" in " ".join(readme.split())

@@ -89,3 +89,74 @@ def test_listed_writers_are_matched_by_module_and_qualified_name(tmp_path):
     found = writers.attribute_writes(root, marker, ("flag",))["flag"]
     missed = writers.unlisted(found, {"pkg.a.Tracer.trace"}, "pkg")
     assert sorted(missed) == ["a.py:10 in pkg.a.other.trace()", "b.py:4 in pkg.b.trace()"]
+
+
+def _age(root, seconds=3600):
+    """Every file and folder under root modified ``seconds`` ago: no listing is racy."""
+    import os
+    import time
+    then = time.time_ns() - seconds * 1_000_000_000
+    for folder, _, files in os.walk(root):
+        for name in files + [""]:
+            os.utime(os.path.join(folder, name) if name else folder, ns=(then, then))
+
+
+def test_the_cached_listing_is_reused_and_an_edit_in_place_still_seen(tmp_path, monkeypatch):
+    """A warm signature stats the listed folders and files without reading a
+    folder; a file edited in place (its folder's mtime unchanged) still gives
+    another signature, and the scan runs again."""
+    from fxguard.machinery import code_cache
+    import os
+    root, marker = _package(tmp_path, {"a.py": "import m\n\ndef f():\n    return m.flag\n"})
+    os.mkdir(os.path.join(root, "sub"))
+    with open(os.path.join(root, "sub", "c.py"), "w") as f:
+        f.write("x = 1\n")
+    _age(root)
+    monkeypatch.setenv(code_cache.ENV, str(tmp_path / "cache"))
+    with code_cache.session():
+        first = writers.tree_signature(root, marker)
+        assert writers.attribute_writes(root, marker, ("flag",))["flag"] == ()
+    walks = []
+    real_walk = os.walk
+    monkeypatch.setattr(writers.os, "walk", lambda *a, **k: walks.append(a) or real_walk(*a, **k))
+    with code_cache.session():
+        assert writers.tree_signature(root, marker) == first == writers.tree_signature(root)
+    assert len(walks) == 1  # only the uncached call above listed the tree
+    path = os.path.join(root, "sub", "c.py")
+    with open(path, "a") as f:  # in place: the folder's mtime stays
+        f.write("\ndef g(m):\n    m.flag = True\n")
+    with code_cache.session():
+        assert writers.tree_signature(root, marker) != first
+        assert len(walks) == 1  # the listing was still the tree's
+        assert [w[0] for w in writers.attribute_writes(root, marker, ("flag",))["flag"]] == \
+            [os.path.join("sub", "c.py")]
+
+
+def test_a_file_added_in_a_listed_folder_is_listed_again(tmp_path, monkeypatch):
+    """A new file changes its folder's mtime: the cached listing is not used."""
+    from fxguard.machinery import code_cache
+    import os
+    root, marker = _package(tmp_path, {"a.py": "x = 1\n"})
+    os.mkdir(os.path.join(root, "sub"))
+    _age(root)
+    monkeypatch.setenv(code_cache.ENV, str(tmp_path / "cache"))
+    with code_cache.session():
+        assert writers.attribute_writes(root, marker, ("flag",))["flag"] == ()
+    with open(os.path.join(root, "sub", "new.py"), "w") as f:
+        f.write("def g(m):\n    m.flag = True\n")
+    _age(root, 1800)  # not racy: the folder's mtime moved, from one old time to another
+    with code_cache.session():
+        assert [w[0] for w in writers.attribute_writes(root, marker, ("flag",))["flag"]] == \
+            [os.path.join("sub", "new.py")]
+
+
+def test_a_folder_changed_just_now_is_listed_again_by_the_next_process(tmp_path):
+    """Within its mtime's granularity a folder could gain an entry without a new
+    mtime: a listing made within two seconds of a change is never trusted."""
+    root, _ = _package(tmp_path, {"a.py": "x = 1\n"})
+    dirs, stats, files = writers._list_tree(root)
+    assert dirs == "." and files == "a.py\0version.py"
+    assert stats == writers._RACY and not writers._still_listed(root, (dirs, stats, files))
+    _age(root)
+    listing = writers._list_tree(root)
+    assert listing[1] != writers._RACY and writers._still_listed(root, listing)

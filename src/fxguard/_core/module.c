@@ -3,7 +3,11 @@
  * each interpreter that imports fxguard gets its own. */
 #include "fxguard.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static fxg_state *
 state_of(PyObject *module)
@@ -158,6 +162,61 @@ current_frames(PyObject *module, PyObject *Py_UNUSED(ignored))
     return frames;
 }
 
+/* _stat_paths(root, paths): each path's (st_size, st_mtime_ns) as two native
+ * int64s, (-1, -1) where stat() fails.  paths: one str, the paths relative to
+ * root separated by NUL ("" is none), as the writers scan caches its listing;
+ * each is stat()ed with fstatat from one descriptor of root, the GIL released.
+ * The scan's tree signature stats ~3000 paths per install(): ~3x faster than
+ * os.stat, and no str object per path. */
+static PyObject *
+stat_paths(PyObject *module, PyObject *args)
+{
+    (void)module;
+    PyObject *root = NULL, *paths;
+    if (!PyArg_ParseTuple(args, "O&U:_stat_paths", PyUnicode_FSConverter, &root, &paths)) {
+        return NULL;
+    }
+    PyObject *encoded = PyUnicode_EncodeFSDefault(paths);
+    if (encoded == NULL) {
+        Py_DECREF(root);
+        return NULL;
+    }
+    const char *text = PyBytes_AS_STRING(encoded);
+    Py_ssize_t size = PyBytes_GET_SIZE(encoded), n = size == 0 ? 0 : 1;
+    for (Py_ssize_t i = 0; i < size; i++) {
+        n += text[i] == '\0';
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * 2 * (Py_ssize_t)sizeof(int64_t));
+    if (out == NULL) {
+        Py_DECREF(encoded);
+        Py_DECREF(root);
+        return NULL;
+    }
+    int64_t *values = (int64_t *)PyBytes_AS_STRING(out);
+    const char *root_path = PyBytes_AS_STRING(root);
+    Py_BEGIN_ALLOW_THREADS
+    int fd = open(root_path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    const char *name = text; /* NUL-terminated: PyBytes keeps a NUL past the end */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        struct stat st;
+        if (fd >= 0 && fstatat(fd, name, &st, 0) == 0) {
+            values[2 * i] = (int64_t)st.st_size;
+            values[2 * i + 1] = (int64_t)st.st_mtim.tv_sec * 1000000000 + (int64_t)st.st_mtim.tv_nsec;
+        }
+        else {
+            values[2 * i] = values[2 * i + 1] = -1;
+        }
+        name += strlen(name) + 1;
+    }
+    if (fd >= 0) {
+        close(fd);
+    }
+    Py_END_ALLOW_THREADS
+    Py_DECREF(encoded);
+    Py_DECREF(root);
+    return out;
+}
+
 static PyMethodDef core_methods[] = {
     {"is_fx_tracing", (PyCFunction)(void (*)(void))is_fx_tracing, METH_FASTCALL,
      "is_fx_tracing($module, /)\n--\n\nWhether the calling thread is FX tracing."},
@@ -168,6 +227,10 @@ static PyMethodDef core_methods[] = {
     {"_current_frames", current_frames, METH_NOARGS,
      "_current_frames($module, /)\n--\n\n"
      "sys._current_frames() with the collector paused, uninterruptibly."},
+    {"_stat_paths", stat_paths, METH_VARARGS,
+     "_stat_paths($module, root, paths, /)\n--\n\n"
+     "The size and mtime_ns of each path under root (paths: one str, separated\n"
+     "by NUL), as native int64 pairs in bytes ((-1, -1) where stat fails)."},
     {"_tracing_records", tracing_records, METH_NOARGS,
      "_tracing_records($module, /)\n--\n\nNumber of threads whose FX flag is set."},
     {"_thread_values", thread_values, METH_NOARGS,

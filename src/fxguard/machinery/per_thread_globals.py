@@ -178,6 +178,34 @@ class Planner:
         self._emitted: dict[Any, Any] = {}  # what changes() listed, to list only what is new
         self._code_made: dict[int, types.CodeType] = {}  # id(fn) -> the code changes() gave it
         self._first_slot = 0                 # the first slot of the next changes()
+        # Within one prepare() (which changes nothing): each module's functions and each
+        # code's names, listed once for all its rows (18 rows read 6 modules); forget() ends
+        # it, and so does an import meanwhile (a module's import may patch another's functions).
+        self._functions: dict[int, tuple[types.ModuleType, int, list[types.FunctionType]]] = {}
+        self._names: dict[types.CodeType, frozenset[str]] = {}
+
+    def forget(self) -> None:
+        """The end of a prepare(): modules may change before the next one."""
+        self._functions.clear()
+        self._names.clear()
+
+    def _functions_in(self, module: types.ModuleType) -> list[types.FunctionType]:
+        held = self._functions.get(id(module))
+        if held is None or held[0] is not module or held[1] != len(sys.modules):
+            held = self._functions[id(module)] = (module, len(sys.modules), list(functions_in(module)))
+        return held[2]
+
+    def _uses(self, code: types.CodeType, name: str) -> bool:
+        """rewrite.global_users([code], name), the code's names collected once."""
+        names = self._names.get(code)
+        if names is None:
+            found, stack = set(), [code]
+            while stack:
+                c = stack.pop()
+                found.update(c.co_names)
+                stack += [k for k in c.co_consts if isinstance(k, types.CodeType)]
+            names = self._names[code] = frozenset(found)
+        return name in names
 
     def add(self, row: PerThread) -> Outcome:
         """Plan one row: PATCHED or NOT_AVAILABLE (its global is absent).
@@ -241,8 +269,8 @@ class Planner:
 
     def _redirect_users(self, module: types.ModuleType, row: PerThread, slot: int) -> list:
         users = []
-        for fn in functions_in(module):
-            if rewrite.global_users([fn.__code__], row.name) and \
+        for fn in self._functions_in(module):
+            if self._uses(fn.__code__, row.name) and \
                     self._target(fn, names={row.name}):
                 self._view(module.__name__, row, slot)
                 users.append(fn)

@@ -95,17 +95,20 @@ def prepare(facts: TorchFacts, options: Options, later: Later | None = None) -> 
     ctx = Context(facts, options, later.planner, _writes(options),
                   types.MappingProxyType(later.provided))
     planned_rows, changes, up_front, carry = [], [], [], False
-    for index, row in enumerate(rows.ROWS):
-        if later.decided(index):
-            continue
-        shown, planned = _plan(row, ctx)
-        _check_provides(row, planned)
-        later.shown[index] = shown
-        later.provided.update(planned.provides)
-        planned_rows += shown
-        changes += planned.changes
-        up_front += planned.up_front
-        carry |= planned.carries_context and any(r.patched for r in shown)
+    try:
+        for index, row in enumerate(rows.ROWS):
+            if later.decided(index):
+                continue
+            shown, planned = _plan(row, ctx)
+            _check_provides(row, planned)
+            later.shown[index] = shown
+            later.provided.update(planned.provides)
+            planned_rows += shown
+            changes += planned.changes
+            up_front += planned.up_front
+            carry |= planned.carries_context and any(r.patched for r in shown)
+    finally:
+        later.planner.forget()
     # The per-thread globals' changes go first: the other rows wrap the code they leave.
     changes = later.planner.changes("per-thread") + changes
     defaults, initial = later.planner.defaults(), later.planner.initial()

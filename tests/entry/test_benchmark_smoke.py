@@ -39,10 +39,13 @@ DRAFTERS = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "cu
                     reason="torch <= 2.12 on CPU: inductor's C++ codegen of flex_attention fails")
 def test_fast_drafter_step_runs_in_three_threads_on_cpu(tmp_path):
     """The fast step's pieces (compiled create_block_mask, compiled model, compiled
-    AdamW.step) in 3 threads with fxguard; on the CPU inductor skips CUDA graphs."""
+    AdamW.step) in 3 threads with fxguard; on the CPU inductor skips CUDA graphs.  A
+    window of 4 s: a loaded 2-core CPU makes about a step a second per drafter, and a
+    drafter with no step in a window is an error (so is a window begun before every
+    drafter compiled: the warm-up may take minutes there, 5 on a 2-core CPU at load 9)."""
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, DRAFTERS, "--device", "cpu", "--modes", "threads-fast",
-                           "--seconds", "1", "--json", str(out)],
+                           "--seconds", "4", "--repeats", "2", "--warmup-limit", "700", "--json", str(out)],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     report = json.loads(out.read_text())
@@ -51,3 +54,25 @@ def test_fast_drafter_step_runs_in_three_threads_on_cpu(tmp_path):
     assert mode["errors"] == 0, mode.get("error_kinds")
     assert mode["time_until_all_lengths_s"] is not None, mode  # every drafter ran every length
     assert len(mode["steps_in_window"]) == 3 and mode["gpu_used_peak_gib"] is None
+    # two windows of the same warm processes: the median, its spread, each window's figures
+    assert mode["windows_measured"] == 2 and len(mode["windows"]) == 2
+    low, high = mode["steps_per_s_spread"]
+    assert 0 < low <= mode["steps_per_s"] <= high
+    assert all(min(w["steps_in_window"]) > 0 for w in mode["windows"])
+    assert "threads-fast" in proc.stdout.split("÷ processes-fast")[-1]  # the table
+
+
+def test_a_drafter_with_no_step_in_a_window_is_an_error_in_every_mode(tmp_path):
+    """DRAFTER_IDLE=0: drafter 0 of each process makes no step (no compile either: cheap).
+    Each window counts it (a thread mode's and each of processes-fast's), never '0 errors'."""
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, DRAFTERS, "--device", "cpu", "--modes", "one-plain,processes-fast",
+                           "--seconds", "0.5", "--repeats", "2", "--warmup-limit", "1", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600, env=dict(os.environ, DRAFTER_IDLE="0"))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    modes = json.loads(out.read_text())["modes"]
+    for name, drafters in (("one-plain", 1), ("processes-fast", 3)):
+        mode = modes[name]
+        assert mode["windows_measured"] == 2, mode
+        assert mode["errors"] == 2 * drafters and mode["error_kinds"] == ["no step in the window"], mode
+        assert all(w["steps_in_window"] == [0] * drafters for w in mode["windows"])

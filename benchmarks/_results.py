@@ -362,7 +362,9 @@ def machine(r: dict) -> str:
 def _install_cost_figures(path: Path, r: dict) -> str:
     med, top, sec = r["median_ratio_to_import_torch"], r["max_ratio_to_import_torch"], r["median_seconds"]
     link = path.relative_to(README_MD.parent).as_posix()
-    return (f"Measured as a user times it ({machine(r)}, torch {r['torch']}, Python {r['python']}, "
+    load = r.get("load_average")
+    busy = f" with a load average of {load[0]:g} to {load[1]:g} (other work)" if load else ""
+    return (f"Measured as a user times it ({machine(r)}{busy}, torch {r['torch']}, Python {r['python']}, "
             f"{r['date']}, {r['runs_per_setup']} runs a setup, medians: [report]({link})): "
             f"`install()` right after `import torch` takes {ratio(med['user'])} of `import torch` "
             f"({sec['user']['install'] * 1e3:.0f} ms against {sec['user']['import_torch']:.2f} s; "

@@ -120,6 +120,7 @@ def main() -> None:
     pairs: dict[str, dict[str, list[dict]]] = {"env": {"on": [], "off": []},
                                                "later": {"on": [], "off": []}}
     global PYCACHE
+    load_start = os.getloadavg()  # other work on the machine slows every child alike, not evenly
     with tempfile.TemporaryDirectory() as tmp:
         PYCACHE = os.path.join(tmp, "pycache")
         modules = child(MODULES, "")  # what a compiling program has beyond torch; fills PYCACHE
@@ -148,6 +149,8 @@ def main() -> None:
         **_harness.envelope("install_cost", torch_version=runs["cold"][0]["torch"]),
         "runs_per_setup": args.n,
         "bytecode": "every child's in a private PYTHONPYCACHEPREFIX folder, written by the first",
+        # the 1-minute load average when the runs began and ended (2 cores: 2.0 is busy)
+        "load_average": [round(load_start[0], 1), round(os.getloadavg()[0], 1)],
         "goal_ratio": {"warm": 0.1, "cold": 0.7, "user": 0.1, "env_import_torch": 1.1},
         "median_ratio_to_import_torch": {
             name: round(statistics.median(ratios(name, "install")), 3) for name in runs},

@@ -99,6 +99,7 @@ def install(*, block_mask_lock: bool = True, config_window_lock: bool = True,
         previous = None if _installed is None else _installed.options
         if previous == chosen:
             return status()
+        _refuse_inside_trace("install")  # before any change
         try:
             return _install_locked(chosen)
         except BaseException:
@@ -121,6 +122,9 @@ def _install_locked(chosen: Options) -> dict:
     try:
         facts, plan = _prepare(chosen)  # raises before touching torch
         workers = _apply(plan, facts.layout)
+        # A trace another thread began while this one planned: torch's code
+        # (retired now) sets the flag back in the module, not in its thread's slot.
+        _refuse_inside_trace("install", stock_only=True)
         _installed = Installed(chosen, workers, dict(code_cache.last), facts, plan.later)
     except BaseException:  # also an interrupt after _apply: all of it or nothing
         originals.revert_all(settle.live, settle.names_in_use, _stand_in, down_to=mark)
@@ -146,17 +150,22 @@ def _apply(plan: Any, layout: str | None = None) -> str:
     try:
         # The core first: rewritten code reads its slots as soon as it is live.
         if layout is not None:
-            carried, workers = _configure_core(layout, plan.defaults, plan.carry_context)
+            carried, workers, fresh = _configure_core(layout, plan.defaults, plan.carry_context)
         else:
             if plan.carry_context and not _core_config[3]:
                 raise RuntimeError("a row applied on import carries the thread's Context, "
                                    "which the core was configured without")
             _core._extend_layout(*plan.defaults)
             _extended(plan.defaults)
-            carried, workers = False, ""
+            carried, workers, fresh = False, "", True
         originals.apply_all(plan.changes, settle.live, settle.names_in_use)
-        for module, name, value in plan.initial:  # this thread keeps what it had
-            setattr(vars(module)[codegen.TLS], name, value)
+        for module, name, value in plan.initial:  # this thread's own state (Planner.initial)
+            if fresh:  # else the core kept every thread's record: this one's is its own
+                setattr(vars(module)[codegen.TLS], name, value)
+            if value is None or type(value) in (bool, int, str):
+                # uninstall() puts back this thread's own value, not another
+                # thread's that the process-wide global held at install()
+                originals.restore_to(module, name, value)
         if carried:  # records go to torch's thread-locals
             _wait_for_exiting_threads_at_exit()
     except BaseException:
@@ -342,21 +351,23 @@ _core_config: tuple | None = None  # what the core was configured with, while it
 
 
 def _configure_core(layout: str, defaults: tuple[tuple, tuple],
-                    carry_context: bool) -> tuple[bool, str]:
+                    carry_context: bool) -> tuple[bool, str, bool]:
     """Hand the C core the slot layout and the torch functions it may call.
     A core already configured alike keeps every thread's record: a thread
-    inside a with-block over install() with other options keeps its values."""
+    inside a with-block over install() with other options keeps its values.
+    Returns _workers()' two and whether the records start again (configured anew)."""
     global _core_config
     mode, hooks = _core_hooks(layout)
     # A hook reloaded since (torch.compiler.is_compiling) is the same function again.
     named = {k: (v.__module__, v.__qualname__) if isinstance(v, types.FunctionType) else v
              for k, v in hooks.items()}
     wanted = (mode, defaults[0], defaults[1], carry_context, named)
-    if _core_config != wanted or _core._mode() != mode:
+    fresh = _core_config != wanted or _core._mode() != mode
+    if fresh:
         _core._configure(mode, defaults=defaults[0], factories=defaults[1],
                          carry_context=carry_context, **hooks)
         _core_config = wanted
-    return _workers(mode, hooks)
+    return (*_workers(mode, hooks), fresh)
 
 
 def _extended(defaults: tuple[tuple, tuple]) -> None:
@@ -417,13 +428,28 @@ def _uninstall_locked(core_off: bool = True) -> None:
         return
     busy = _core._tracing_records()
     if busy and _core._mode() == _core.MODE_PATCHED:
-        raise RuntimeError(f"fxguard.uninstall(): {busy} thread(s) are inside an FX trace; "
-                           "uninstall after they finish")
+        from .torch_support import trace_state
+        names = trace_state.threads_in_trace()
+        raise RuntimeError(f"fxguard.uninstall(): {busy} thread(s) are inside an FX trace"
+                           f"{' (' + ', '.join(names) + ')' if names else ''}; uninstall after "
+                           "they finish")
     _watcher.stop()
     originals.revert_all(settle.live, settle.names_in_use, _stand_in)
     _installed = None
     if core_off and not _kept():
         _core_off()
+
+
+def _refuse_inside_trace(who: str, stock_only: bool = False) -> None:
+    """install() while a thread is inside an FX trace: that trace's frames set
+    the FX flag (and the trace state around it) back where their code says,
+    torch's process-wide global, never the thread's slot, which would stay set
+    for good.  Refused, naming the threads; nothing was changed."""
+    from .torch_support import trace_state
+    names = trace_state.threads_in_trace(stock_only)
+    if names:
+        raise RuntimeError(f"fxguard.{who}(): {len(names)} thread(s) are inside an FX trace "
+                           f"({', '.join(names)}); {who} after they finish (nothing was changed)")
 
 
 def _stand_in(patch: originals.Patch) -> Any:

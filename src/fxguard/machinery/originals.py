@@ -214,6 +214,18 @@ def revert_all(frames: Frames | None = None, in_use: InUse | None = None,
         _forget(patch)
 
 
+def restore_to(owner: object, attr: str, value: Any) -> bool:
+    """Where fxguard deleted ``owner.attr``, make ``value`` what undoing it puts
+    back (not what was there then); whether such a deletion is in place."""
+    for i in range(len(_applied) - 1, -1, -1):
+        patch = _applied[i]
+        if patch.owner is owner and patch.attr == attr and patch.value is MISSING:
+            if patch.original is not MISSING:
+                _applied[i] = patch._replace(original=value)
+            return True
+    return False
+
+
 def held() -> tuple[Held, ...]:
     return tuple(_held)
 

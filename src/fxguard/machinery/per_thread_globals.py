@@ -325,10 +325,18 @@ class Planner:
         return code
 
     def initial(self) -> list[tuple[types.ModuleType, str, Any]]:
-        """(module, name, value now) of the rows the next changes() lists: what
-        the installing (or importing) thread starts with."""
-        return [(owner, name, vars(owner)[name])
-                for owner, name in self.deletes[self._emitted.get("deletes", 0):]]
+        """(module, name, value) of the rows the next changes() lists: what the
+        installing (or importing) thread starts with, its own state: the row's
+        factory run in this thread (which may read the thread's own state),
+        else its default.  Never the module global's value now: before
+        install() that is process-wide, so it holds whatever another thread's
+        trace or with-block set at that moment."""
+        rows = {(r.module, r.name): r for r in self.slots}
+        out = []
+        for owner, name in self.deletes[self._emitted.get("deletes", 0):]:
+            row = rows[(owner.__name__, name)]
+            out.append((owner, name, row.factory() if row.factory is not None else row.default))
+        return out
 
     def defaults(self) -> tuple[tuple, tuple]:
         """The defaults and factories of the slots the next changes() adds."""

@@ -62,6 +62,35 @@ def threads_running(codes: Iterable[types.CodeType]) -> list[str]:
     return busy
 
 
+def threads_past(points: dict[types.CodeType, int]) -> list[str]:
+    """Names of the threads, this one included, with a frame of one of the
+    codes in ``points`` stopped past that code's offset (``f_lasti`` beyond
+    it): inside what the code set up there and undoes on its way out.  Empty
+    with the GIL off, where other threads' stacks are not walked."""
+    if not points or not interpreter.gil_enabled():
+        return []
+    wanted = {id(code): offset for code, offset in points.items()}
+    names = {t.ident: t.name for t in threading.enumerate()}
+    me = threading.get_ident()
+    found = []
+    for ident, frame in current_frames().items():
+        while frame is not None:
+            offset = wanted.get(id(frame.f_code))
+            if offset is not None and frame.f_lasti > offset:
+                name = names.get(ident, f"thread {ident}")
+                found.append(f"{name} (this thread)" if ident == me else name)
+                break
+            frame = frame.f_back
+    return found
+
+
+def first_use(code: types.CodeType, names: set[str], ops: tuple[str, ...]) -> int | None:
+    """Offset of the first instruction of ``code`` whose opname starts with one
+    of ``ops`` and whose argument is one of ``names`` (None: there is none)."""
+    return next((ins.offset for ins in dis.get_instructions(code)
+                 if ins.opname.startswith(ops) and ins.argval in names), None)
+
+
 _SUSPENDABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 _STOPS = {"RETURN_VALUE", "RETURN_CONST", "RAISE_VARARGS", "RERAISE", "JUMP_FORWARD",
           "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "JUMP", "JUMP_NO_INTERRUPT",

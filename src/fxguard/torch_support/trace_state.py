@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import collections
 import importlib
+import sys
+import types
+from typing import Any, Callable
 
+from ..machinery import originals, settle
 from ..machinery.changes import Outcome
 from ..machinery.per_thread_globals import FastReader, PerThread
 from ..machinery.per_thread_patching import ClassState, Patching
@@ -72,11 +76,43 @@ PER_THREAD: tuple[PerThread, ...] = (
 # dynamo, which skips the frame, running it eager, while one reads True), and
 # interleaved enter/exit left them True for good.  The C++ mirror of the last
 # (2.10+) is a thread_local each thread's own enter/exit sets.
+#
+# Each thread's flags start from its own mode stack (C++, per thread), as its
+# own enter/exit would have set them: a thread inside a mode when install()
+# runs reads True until it leaves, every other thread False, whatever the
+# process-wide globals held then.
+def _entered_modes() -> list:
+    """The calling thread's modes that TorchDispatchMode.__enter__ set the flags for."""
+    torch = sys.modules.get("torch")
+    stack = getattr(getattr(torch, "_C", None), "_get_dispatch_stack_at", None)
+    if stack is None:
+        return []
+    modes = [stack(i) for i in range(torch._C._len_torch_dispatch_stack())]
+    return [m for m in modes if getattr(m, "old_dispatch_mode_flags", None)]
+
+
+def _own_flag(entered: Callable[[Any], bool]) -> Callable[[], bool]:
+    def own() -> bool:
+        try:
+            return any(entered(mode) for mode in _entered_modes())
+        except Exception:  # noqa: BLE001 - the core calls it where a record is made: never fail there
+            return False
+    return own
+
+
+_in_mode = _own_flag(lambda mode: True)
+_in_non_infra_mode = _own_flag(lambda mode: not mode.is_infra_mode())
+_in_mode_not_ignoring = _own_flag(
+    lambda mode: not getattr(mode, "ignore_compile_internals", lambda: True)())
+
 PER_THREAD += (
-    PerThread("torch.utils._python_dispatch", "_is_in_torch_dispatch_mode", False),
-    PerThread("torch.utils._python_dispatch", "_is_in_non_infra_torch_dispatch_mode", False),
+    PerThread("torch.utils._python_dispatch", "_is_in_torch_dispatch_mode", False,
+              factory=_in_mode),
+    PerThread("torch.utils._python_dispatch", "_is_in_non_infra_torch_dispatch_mode", False,
+              factory=_in_non_infra_mode),
     PerThread("torch.utils._python_dispatch",
-              "_is_in_any_mode_without_ignore_compile_internals", False),  # 2.9+
+              "_is_in_any_mode_without_ignore_compile_internals", False,  # 2.9+
+              factory=_in_mode_not_ignoring),
 )
 
 
@@ -146,3 +182,34 @@ CLASS_STATE: tuple[ClassState, ...] = (
 
 
 ROWS = PATCHING + CLASS_STATE
+
+
+# -- who is inside a trace ------------------------------------------------------------
+
+def threads_in_trace(stock_only: bool = False) -> list[str]:
+    """The threads (the calling one too) inside an FX trace now: a frame of
+    Tracer.trace, in torch's code or fxguard's (``stock_only``: torch's), past
+    its setting of the FX flag.  Their trace state cannot be carried across
+    install(): torch's frame sets the flag back where its code says, the
+    process-wide global, never the thread's slot."""
+    module = sys.modules.get(PATCHER_MODULE)
+    trace = vars(getattr(module, "Tracer", object)).get("trace")
+    codes = set()
+    for _ in range(10):  # dynamo wraps it (disable()): the code that sets the flag is inside
+        if not isinstance(trace, types.FunctionType):
+            break
+        if not stock_only:
+            codes.add(trace.__code__)
+        try:
+            codes.add(originals.get_original(trace, "__code__"))
+        except AttributeError:  # fxguard never changed it: its code is torch's
+            codes.add(trace.__code__)
+        trace = vars(trace).get("__wrapped__")
+    points = {}
+    for code in codes:
+        at = settle.first_use(code, {FLAG}, ("STORE",))  # the module-global layout
+        if at is None:  # torch's threading.local: its setter's call
+            at = settle.first_use(code, {"_set_is_fx_tracing"}, ("LOAD",))
+        if at is not None:
+            points[code] = at
+    return settle.threads_past(points)

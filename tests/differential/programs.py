@@ -255,3 +255,38 @@ def verify_correctness_random():
     with dynamo_config.patch(verify_correctness=True):
         compiled = torch.compile(f, backend="aot_eager")
         return [compiled(torch.randn(5, 8)), compiled(torch.randn(5, 8))]
+
+
+@program(picked_by_timing=("extern_calls", "cpp_", "select_algorithm_weight_prune"))
+def max_autotune_int4_weight_only():
+    """The review's finding 3 (2026-12-07): max-autotune on the CPU with an int4
+    weight-only matmul draws its example weight (``input_gen_fns``, a
+    ``torch.randint``) outside inductor's inner windows, at compile time.  The
+    output is integer sums, whichever kernel autotuning picks; the draws after
+    it (the digest's next draws) must be stock's."""
+    import torch._inductor.config as inductor_config
+    if not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"):
+        raise Unsupported("no _weight_int4pack_mm_for_cpu")
+    if not torch.backends.cpu.get_cpu_capability().startswith(("AVX512", "AMX")):
+        # inductor's int4 CPP template (the one that draws) needs AVX512
+        raise Unsupported(f"CPU capability {torch.backends.cpu.get_cpu_capability()}")
+    n, k, group = 64, 64, 32
+    w = torch.randint(0, 16, (n, k), dtype=torch.int32)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(w, 1)
+    scales_and_zeros = torch.zeros(k // group, n, 2)
+    scales_and_zeros[..., 0] = 1.0
+
+    class Int4(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("packed", packed)
+            self.register_buffer("scales_and_zeros", scales_and_zeros)
+
+        def forward(self, x):
+            return torch.ops.aten._weight_int4pack_mm_for_cpu(
+                x, self.packed, group, self.scales_and_zeros)
+    x = torch.randint(-3, 4, (8, k)).float()
+    with inductor_config.patch(freezing=True, max_autotune_gemm_backends="CPP,ATEN"), \
+            torch.no_grad():
+        compiled = torch.compile(Int4(), mode="max-autotune-no-cudagraphs")
+        return [compiled(x), compiled(x + 1)]

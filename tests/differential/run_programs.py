@@ -8,7 +8,9 @@ logger or data loader threads would: two started before ``import torch``
 program's compile.  Each program starts from a seeded torch and ``random``
 and a reset dynamo; its digest holds what it computed, the next draws of
 every generator after it, dynamo's counters, and the warnings and WARNING
-log records it raised, with addresses and paths normalised.
+log records it raised, with addresses and paths normalised.  With
+FXGUARD_TEST_BUSY_HELPER=1 a thread computes without pause beside them
+(tests/races/test_rng_not_rewound.py).
 """
 import hashlib
 import json
@@ -136,8 +138,23 @@ def run(name: str) -> dict:
     return digest
 
 
+def busy_helper() -> threading.Thread:
+    """A thread that keeps computing (GIL-released matmuls), drawing nothing,
+    until ``parked`` is set: FXGUARD_TEST_BUSY_HELPER=1 starts one before the
+    first program."""
+    a = torch.ones(256, 256)
+
+    def work() -> None:
+        while not parked.is_set():
+            a @ a
+    thread = threading.Thread(target=work, name="busy-helper", daemon=True)
+    thread.start()
+    return thread
+
+
 def main() -> None:
     out, names = sys.argv[1], sys.argv[2:] or list(PROGRAMS)
+    busy = busy_helper() if os.environ.get("FXGUARD_TEST_BUSY_HELPER") == "1" else None
     digests = {}
     for name in names:
         if name in GPU and not torch.cuda.is_available():
@@ -151,6 +168,9 @@ def main() -> None:
               "torch": torch.__version__, "programs": digests}
     with open(out, "w") as f:
         json.dump(result, f, indent=1)
+    if busy is not None:  # a thread in torch while the interpreter exits aborts it
+        parked.set()
+        busy.join(60)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
-"""A program with one working thread restores random states exactly as stock,
-whatever other threads sit idle (a DataLoader's, a logger's, inductor's own
-compile pool and tqdm monitor): a seed reproduces a run.  And the row's
-helpers never raise where no Python frame lies beneath them."""
+"""One thread's compile leaves the default generator where stock does, and
+draws stock's numbers, whatever other threads do (idle, or computing without
+pause): the compile's covered draws go to a private generator whose windows
+behave as stock's default's would, so skipping every restore loses nothing.
+And the row's helpers never raise where no Python frame lies beneath them."""
 import sys
 import threading
 
@@ -11,38 +12,51 @@ import torch
 import fxguard
 
 
-def draws_after_a_restore() -> torch.Tensor:
-    """What torch.rand gives after a site that saves, draws and sets back
-    (torch's preserve_rng_state: autotuning's example inputs)."""
+def example_value():
+    """A covered site: autotuning's example input (select_algorithm)."""
+    from torch._inductor.select_algorithm import AlgorithmSelectorCache
+    return AlgorithmSelectorCache.generate_example_value(
+        (6,), (1,), torch.device("cpu"), torch.float32, 0)
+
+
+def a_compiles_draws():
+    """What a compile's windows draw at covered sites, and what the thread
+    draws after them: the outer window (preserve_rng_state, as around
+    inductor's codegen) holds autotuning's example inputs, each in an inner
+    window of its own, and an int4-style input_gen_fn draw outside them."""
     from torch._dynamo.utils import preserve_rng_state
+    from torch._inductor.kernel.custom_op import _default_input_gen_fn
     torch.manual_seed(0)
     with preserve_rng_state():
-        torch.rand(16)  # drawn by "the compile", set back after
-    return torch.rand(4)
+        drawn = [example_value(), example_value(), _default_input_gen_fn(torch.empty(5))]
+        with preserve_rng_state():
+            drawn.append(_default_input_gen_fn(torch.empty(3)))
+        drawn.append(_default_input_gen_fn(torch.empty(3)))
+    return drawn, torch.rand(4)
 
 
-@pytest.mark.parametrize("way", [
-    pytest.param("any live thread counts", marks=pytest.mark.xfail(
-        strict=True, reason="a test that idles a thread must see the restore skipped this way")),
-    "fxguard"])
-def test_idle_threads_do_not_stop_the_restore(way, monkeypatch):
-    fxguard.install()
-    if way == "any live thread counts":  # the rule fxguard had: threading.active_count() > 1
-        from fxguard.torch_support import rng
-        monkeypatch.setattr(rng, "others_activity", lambda: None)
-    torch.manual_seed(0)
-    want = torch.rand(4)  # stock: the restore puts the stream back where it was
+@pytest.mark.parametrize("others", ["idle", "computing"])
+def test_one_threads_compile_draws_and_leaves_what_stock_does(others):
+    stock = a_compiles_draws()
     stop = threading.Event()
-    idle = [threading.Thread(target=stop.wait, daemon=True) for _ in range(3)]
-    for t in idle:
+    a = torch.ones(192, 192)
+
+    def work():
+        while not stop.is_set():
+            torch.mm(a, a) if others == "computing" else stop.wait(0.01)
+    helpers = [threading.Thread(target=work, daemon=True) for _ in range(2)]
+    for t in helpers:
         t.start()
     try:
-        got = draws_after_a_restore()
+        fxguard.install()
+        guarded = a_compiles_draws()
     finally:
         stop.set()
-        for t in idle:
+        for t in helpers:
             t.join(60)
-    assert torch.equal(got, want), "an idle thread made the compile's draws stay drawn"
+    for want, got in zip(stock[0], guarded[0]):
+        assert torch.equal(want, got), "the compile drew other numbers than stock's"
+    assert torch.equal(stock[1], guarded[1]), "the default generator is not where stock leaves it"
 
 
 def test_a_thread_that_draws_during_the_window_is_not_rewound():

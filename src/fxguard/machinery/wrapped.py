@@ -84,6 +84,8 @@ def plain_function(where: str) -> types.FunctionType | None:
         _, _, fn = originals.resolve_path(where)
     except (ImportError, AttributeError):
         return None
+    if isinstance(fn, types.MethodType):  # a classmethod read from its class
+        fn = fn.__func__
     while fn is not None and not isinstance(fn, types.FunctionType):
         fn = getattr(fn, "__wrapped__", None)
     if isinstance(fn, types.FunctionType) and "__wrapped__" in vars(fn):

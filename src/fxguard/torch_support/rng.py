@@ -1,23 +1,38 @@
 """A compile leaves the random numbers other threads drew.
 
-Dynamo's ``preserve_global_state`` saves the CPU and CUDA generator states
-when a compile starts and sets them back when it ends.  A thread that drew
-random numbers meanwhile (a warm drafter stepping while another compiles)
-draws the same numbers again afterwards: repeated dropout masks, noise and
-sampled positions.
+Stock: dynamo's ``preserve_global_state`` saves the CPU and CUDA generator
+states when a compile starts and sets them back when it ends (so do AOT
+autograd's and inductor's ``preserve_rng_state`` windows and dynamo's
+``checkpoint_params``).  A thread that drew random numbers meanwhile (a warm
+drafter stepping while another compiles) draws the same numbers again
+afterwards: repeated dropout masks, noise and sampled positions.
 
-With the row, ``torch.random.set_rng_state`` and ``torch.cuda.set_rng_state``
-(their code swapped, identity kept) skip the calls those restores make (also
-``preserve_rng_state`` inside AOT autograd and inductor, and dynamo's
-``checkpoint_params``) where another thread may have drawn meanwhile: another
-Python thread ran (used CPU time), started or ended between the save and the
-restore.  Threads that sit idle (a DataLoader's or logger's thread waiting,
-inductor's own compile pool and tqdm monitor between jobs) do not count, so a
-program with one working thread restores exactly as stock, and a seed
-reproduces a run.  Where a thread did run, what the compile itself drew stays
-drawn (never another thread's draws repeated).  Where threads' CPU times cannot
-be read (no ``/proc``), any other live thread counts.  Every other caller of
-these functions, the user's own included, is served as stock.
+With the row, a compile's draws never touch the default generators, so their
+restores have nothing to undo and are skipped, always: no guess about other
+threads (whether they ran, how many there are, whether ``/proc`` can be read)
+enters the decision.
+
+- ``torch.random.set_rng_state`` and ``torch.cuda.set_rng_state`` (their code
+  swapped, identity kept) skip the calls those restore sites make.  Every
+  other caller, the user's own included, is served as stock.
+- The compile-time places that draw real numbers inside those windows
+  (``DRAW_SITES``: autotuning's example inputs and ``input_gen_fns``, pad_mm's
+  benchmark inputs, AOT inductor's weights magic number, ...) run with a torch
+  function mode of the compiling thread (torch keeps that stack per thread)
+  that passes ``generator=`` to random torch functions called without one: a
+  private generator per device, cloned from the default generator when the
+  thread's window first draws.  The windows' saves and restores apply to it
+  (each restore sets it back to what it was at the matching save; the
+  outermost drops it), so one thread's compile draws exactly stock's numbers,
+  and its default generators end the compile exactly where stock's restore
+  leaves them.
+- What it does not cover: a draw inside a window at a place not listed (a
+  user's own backend that draws, dynamo's ``verify_correctness`` check runs,
+  runtime windows such as a CUDA-graph warm-up in ``cudagraphify``) stays drawn
+  where stock would set it back.  ``rng_sites`` lists every draw call in
+  torch's compiler source and says why each is covered or not; a test fails on
+  a call nobody classified, and ``needed`` stands down (NOT_COVERED, a
+  WARNING) where a listed draw site is missing or changed.
 """
 from __future__ import annotations
 
@@ -28,6 +43,7 @@ from typing import Any, Callable
 
 from ..machinery.changes import Outcome
 from ..machinery.wrapped import Swap, Wrapped
+from . import rng_sites
 from .options import Option
 from .shared_bodies import DYNAMO
 
@@ -83,80 +99,99 @@ def needed(_facts: Any) -> tuple[Outcome, str] | None:
         return (Outcome.NOT_COVERED,
                 f"{SAVER} no longer sets the generator states back as fxguard knows; "
                 "a compile there may rewind other threads' random numbers (stock)")
+    broken = rng_sites.broken_draw_sites()
+    if broken:
+        return (Outcome.NOT_COVERED,
+                "compile-time draw sites missing or changed on this torch: " + "; ".join(broken)
+                + ". fxguard cannot keep a compile's draws off the default generators there, "
+                "so it restores as stock (other threads' draws during a compile may repeat)")
     return None
 
 
-def others_activity() -> dict[int, int] | None:
-    """CPU time (ns) of every other Python thread, by native id: unchanged
-    between two readings only where none of them ran, started or ended.  None
-    where it cannot be read."""
-    me = threading.get_native_id()
-    times = {}
-    for thread in threading.enumerate():
-        native = thread.native_id
-        if native is None or native == me:
-            continue
-        try:
-            with open(f"/proc/self/task/{native}/schedstat", "rb") as f:
-                times[native] = int(f.read().split()[0])
-        except FileNotFoundError:
-            times[native] = -1  # it ended
-        except (OSError, ValueError, IndexError):
-            return None
-    return times
+class Windows:
+    """One generator kind's ("cpu", "cuda") compile windows in each thread, and
+    the thread's private generators for them.
 
+    A save (get_rng_state from a save site) pushes the saving frame with the
+    private generators' states; the restore from the same frame (set_rng_state
+    from a restore site) is skipped, pops back to that entry and sets the
+    private generators back to those states (dropping those made since), as
+    stock's restore would set the default.  A restore no save of its frame
+    matches (checkpoint_params' closure) is skipped and changes nothing."""
 
-def _others_ran(at_save: dict[int, int] | None) -> bool:
-    now = others_activity()
-    if at_save is None or now is None:  # cannot tell: any other thread may have drawn
-        return threading.active_count() > 1
-    return now != at_save
-
-
-class Restores:
-    """One generator's saves and restores made by the compiles of each thread:
-    whether another thread ran between a save and its restore (one that ran
-    and ended meanwhile counts too)."""
-
-    def __init__(self) -> None:
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
         self._local = threading.local()
         self._saves, self._restores = _sites()
 
+    def _thread(self) -> Any:
+        local = self._local
+        if not hasattr(local, "stack"):
+            local.stack, local.private = [], {}
+        return local
+
     @staticmethod
-    def _caller() -> Key | None:
+    def _caller() -> types.FrameType | None:
         try:
-            return _key(sys._getframe(3).f_code)  # 0 this, 1 saving/skip, 2 the swapped body
+            return sys._getframe(3)  # 0 this, 1 saving/skip, 2 the swapped body
         except ValueError:  # no Python caller (a thread's target, atexit): not a site
             return None
 
     def saving(self) -> None:
-        """In get_rng_state: what the other threads had run when a compile saves."""
-        if self._caller() in self._saves:
-            stack = self._local.__dict__.setdefault("saves", [])
-            del stack[:-8]  # a save whose restore never came (an exception, no restore call)
-            stack.append(others_activity())
+        """In get_rng_state: a compile's window opens."""
+        frame = self._caller()
+        if frame is not None and _key(frame.f_code) in self._saves:
+            local = self._thread()
+            del local.stack[:-63]  # bound: saves whose restore never came
+            local.stack.append((frame, {i: g.get_state() for i, g in local.private.items()}))
 
     def skip(self) -> bool:
-        """In set_rng_state: whether to skip this call (a compile's restore where
-        another thread ran since this thread's save)."""
-        if self._caller() not in self._restores:
+        """In set_rng_state: whether this call is a compile's restore (skipped)."""
+        frame = self._caller()
+        if frame is None or _key(frame.f_code) not in self._restores:
             return False
-        stack = self._local.__dict__.get("saves")
-        return _others_ran(stack.pop() if stack else None)
+        local = self._thread()
+        at = next((i for i in range(len(local.stack) - 1, -1, -1)
+                   if local.stack[i][0] is frame), None)
+        if at is not None:
+            states = local.stack[at][1]
+            del local.stack[at:]
+            for index in list(local.private):
+                if index in states:
+                    local.private[index].set_state(states[index])
+                else:
+                    del local.private[index]
+        return True
+
+    def private(self, index: int) -> Any:
+        """This thread's private generator for device ``index``; None outside
+        its compile windows (a draw there is stock's)."""
+        local = self._thread()
+        if not local.stack:
+            return None
+        generator = local.private.get(index)
+        if generator is None:
+            import torch
+            default = torch.random.default_generator if self.kind == "cpu" \
+                else torch.cuda.default_generators[index]
+            generator = local.private[index] = default.clone_state()
+        return generator
 
 
-_generators: dict[str, Restores] = {}
+_windows: dict[str, Windows] = {}
+
+
+def _windows_of(kind: str) -> Windows:
+    return _windows.setdefault(kind, Windows(kind))
 
 
 def helpers(generator: str) -> tuple[tuple[str, Callable[[], Any]], ...]:
     """The swapped get/set bodies' helpers for one generator ("cpu", "cuda")."""
-    def restores() -> Restores:
-        return _generators.setdefault(generator, Restores())
-    return (("saving", lambda: restores().saving), ("skip", lambda: restores().skip))
+    return (("saving", lambda: _windows_of(generator).saving),
+            ("skip", lambda: _windows_of(generator).skip))
 
 
-# A compile's get_rng_state notes what the other threads had run; its
-# set_rng_state is skipped where another thread ran since.
+# A compile's get_rng_state opens a window; its set_rng_state is skipped.
 SAVE_RNG = """\
     if not {ns}.is_dynamo_compiling():
         {ns}.saving()
@@ -168,10 +203,131 @@ RESTORE_RNG = """\
     return {ns}.inner({call})
 """
 
+
+# -- the compile's own draws: a private generator ------------------------------------
+
+# Random torch functions that take generator= (by name: torch.<name> or Tensor.<name>).
+FACTORIES = ("rand", "randn", "randint", "randperm")
+LIKE = ("rand_like", "randn_like", "randint_like")
+FROM_TENSOR = ("normal", "bernoulli", "multinomial", "poisson")
+IN_PLACE = ("normal_", "uniform_", "random_", "bernoulli_", "exponential_", "cauchy_",
+            "log_normal_", "geometric_")
+
+
+def _takes_generator(like: Any) -> bool:
+    """Whether this torch's ``torch.*_like`` takes generator= (2.11 has none)."""
+    import torch
+    args = (torch.empty(1), 2) if like is torch.randint_like else (torch.empty(1),)
+    try:
+        like(*args, generator=torch.Generator())
+    except TypeError:
+        return False
+    return True
+
+
+def _draw_functions() -> dict[object, str]:
+    """{torch function: how its device is found}, for the functions this torch has."""
+    import torch
+    found: dict[object, str] = {}
+    for name in FACTORIES:
+        found[getattr(torch, name)] = "factory"
+    for name in LIKE + FROM_TENSOR:
+        fn = getattr(torch, name, None)
+        if fn is not None and (name not in LIKE or _takes_generator(fn)):
+            found[fn] = "tensor"
+    for name in FROM_TENSOR + IN_PLACE:
+        method = getattr(torch.Tensor, name, None)
+        if method is not None:
+            found[method] = "tensor"
+    return found
+
+
+class PrivateDraws:
+    """A torch function mode (made on first use: torch imported) that gives
+    random torch functions called without ``generator=`` the thread's private
+    generator for the tensor's device, inside compile windows."""
+
+    _mode_class: type | None = None
+    _functions: dict[object, str] = {}
+
+    @classmethod
+    def make(cls) -> Any:
+        if cls._mode_class is None:
+            cls._functions = _draw_functions()
+            cls._mode_class = _mode_class(cls._functions)
+        return cls._mode_class()
+
+
+def _device_of(how: str, args: tuple, kwargs: dict) -> Any:
+    import torch
+    if how == "factory":
+        device = kwargs.get("device")
+        return torch.device(device) if device is not None else torch.get_default_device()
+    first = args[0] if args else next(iter(kwargs.values()), None)
+    return first.device if isinstance(first, torch.Tensor) else None
+
+
+def _private_for(device: Any) -> Any:
+    import torch
+    if device is None or device.type not in ("cpu", "cuda"):
+        return None
+    if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None:
+        return None  # fake tensors draw nothing
+    windows = _windows.get(device.type)
+    if windows is None:
+        return None
+    index = 0 if device.type == "cpu" else (
+        device.index if device.index is not None else torch.cuda.current_device())
+    return windows.private(index)
+
+
+def _mode_class(functions: dict[object, str]) -> type:
+    from torch.overrides import TorchFunctionMode
+
+    class _PrivateDrawsMode(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            how = functions.get(func)
+            if how is not None and kwargs.get("generator") is None:
+                generator = _private_for(_device_of(how, args, kwargs))
+                if generator is not None:
+                    kwargs = {**kwargs, "generator": generator}
+            return func(*args, **kwargs)
+
+    return _PrivateDrawsMode
+
+
+# A compile-time draw site runs with the private-draws mode pushed (this thread only).
+PRIVATE_DRAWS = """\
+    with {ns}.private_draws():
+        return {ns}.inner({call})
+"""
+
+
+def _draw_swap(where: str) -> Swap:
+    return Swap(where, PRIVATE_DRAWS, (("private_draws", lambda: PrivateDraws.make),))
+
+
+def _draw_rows() -> tuple[Wrapped, ...]:
+    """A row per module of DRAW_SITES (each applied when its module is imported)."""
+    by_module: dict[str, list[str]] = {}
+    for site in rng_sites.DRAW_SITES:
+        module = site.where.split(".")[-3 if site.where.split(".")[-2][0].isupper() else -2]
+        by_module.setdefault(module, []).append(site.where)
+    return tuple(Wrapped(f"compile's draws private ({module})",
+                         tuple(_draw_swap(where) for where in wheres),
+                         _draws_needed, option=Option.RNG_NOT_REWOUND)
+                 for module, wheres in by_module.items())
+
+
+def _draws_needed(facts: Any) -> tuple[Outcome, str] | None:
+    return needed(facts)
+
+
 ROWS = (
     Wrapped("compile keeps others' random numbers",
             tuple(Swap(f"{module}.{verb}_rng_state", body, (DYNAMO,) + helpers(generator))
                   for module, generator in (("torch.random", "cpu"), ("torch.cuda.random", "cuda"))
                   for verb, body in (("set", RESTORE_RNG), ("get", SAVE_RNG))),
             needed, option=Option.RNG_NOT_REWOUND),
-)
+) + _draw_rows()

@@ -27,12 +27,28 @@ enters the decision.
   and its default generators end the compile exactly where stock's restore
   leaves them.
 - What it does not cover: a draw inside a window at a place not listed (a
-  user's own backend that draws, dynamo's ``verify_correctness`` check runs,
-  runtime windows such as a CUDA-graph warm-up in ``cudagraphify``) stays drawn
-  where stock would set it back.  ``rng_sites`` lists every draw call in
-  torch's compiler source and says why each is covered or not; a test fails on
-  a call nobody classified, and ``needed`` stands down (NOT_COVERED, a
-  WARNING) where a listed draw site is missing or changed.
+  user's own backend that draws, dynamo's ``verify_correctness`` check runs, a
+  CUDA pattern's example input at the first compile, runtime windows such as
+  a non-tree CUDA graph's warm-up in ``cudagraphify``) stays drawn where stock
+  would set it back.  ``rng_sites`` classifies every draw call in torch's
+  compiler source; a test fails on a call nobody classified, and ``needed``
+  stands down (NOT_COVERED, a WARNING) where a listed draw site is missing or
+  changed, read from torch's source without importing it.
+
+Tested (tests/races/test_rng_not_rewound.py, tests/torch_support/
+test_rng_one_working_thread.py and test_rng_sites.py,
+tests/differential/test_rng_busy_helper.py): a thread that draws while
+another thread's compile (or a preserve_rng_state window) is held never draws
+those numbers again, 100 trials each for a drawer that sleeps, keeps
+computing across the restore, or was started with ``_thread`` (stock repeats
+them: strict xfail); one thread's covered draws are stock's numbers and the
+default generator ends where stock's does, beside idle or computing threads;
+seeded max-autotune programs give stock's outputs and next draws, cold and
+warm cache, beside a computing thread; a profiled compile (max-autotune,
+inductor training, aot_eager) moves the default generator at no draw call.
+Nothing reads other threads' state (``/proc``, ``threading.enumerate``), so
+hidden ``/proc`` or unlisted threads change nothing.  Each window entry holds
+its saving frame until the matching restore pops it.
 """
 from __future__ import annotations
 

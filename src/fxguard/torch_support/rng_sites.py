@@ -82,7 +82,8 @@ def _block(text: str, qualname: str) -> str | None:
     before), or None where the file has no such nesting."""
     start, indent = 0, -1
     for part in qualname.split("."):
-        pattern = re.compile(rf"^([ \t]*)(?:async[ \t]+)?(?:def|class)[ \t]+{re.escape(part)}\b", re.M)
+        pattern = re.compile(
+            rf"^([ \t]*)(?:async[ \t]+)?(?:def|class)[ \t]+{re.escape(part)}\b", re.M)
         for match in pattern.finditer(text, start):
             if len(match.group(1)) > indent:
                 break
@@ -179,11 +180,13 @@ CLASSIFIED: dict[tuple[str, str], str] = {
      "create_tensor_and_stride"): DEBUG + " (the vendored kernel's own example script)",
 }
 # Pattern functions inside _misc_patterns_init (their names vary by torch): traced.
-TRACED_PREFIXES = (("_inductor/fx_passes/misc_patterns.py", "_misc_patterns_init.<locals>.randperm_"),)
+TRACED_PREFIXES = (
+    ("_inductor/fx_passes/misc_patterns.py", "_misc_patterns_init.<locals>.randperm_"),)
 
 
 def classify(path: str, qualname: str) -> str | None:
-    """Why the draw call at (path, qualname) is covered or not a compile-time draw; None: unknown."""
+    """Why the draw call at (path, qualname) is covered or is no compile-time
+    draw; None: nobody classified it."""
     if (path, qualname) in CLASSIFIED:
         return CLASSIFIED[path, qualname]
     if any(path == p and qualname.startswith(q) for p, q in TRACED_PREFIXES):

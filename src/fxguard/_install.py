@@ -426,13 +426,16 @@ def _uninstall_locked(core_off: bool = True) -> None:
     global _installed
     if _installed is None and not originals.applied():  # (an interrupt can leave changes alone)
         return
-    busy = _core._tracing_records()
-    if busy and _core._mode() == _core.MODE_PATCHED:
-        from .torch_support import trace_state
-        names = trace_state.threads_in_trace()
-        raise RuntimeError(f"fxguard.uninstall(): {busy} thread(s) are inside an FX trace"
-                           f"{' (' + ', '.join(names) + ')' if names else ''}; uninstall after "
-                           "they finish")
+    from .torch_support import trace_state
+    # The FX flag's records (the patched mode), and the frames: with torch's own
+    # per-thread flag (2.14+) a trace still reads the slots made per thread
+    # (its patcher, make_fx's tracer, the pre-dispatch mode stack).
+    busy = _core._tracing_records() if _core._mode() == _core.MODE_PATCHED else 0
+    names = trace_state.threads_in_trace()
+    if busy or names:
+        raise RuntimeError(f"fxguard.uninstall(): {max(busy, len(names))} thread(s) are inside "
+                           f"an FX trace{' (' + ', '.join(names) + ')' if names else ''}; "
+                           "uninstall after they finish")
     _watcher.stop()
     originals.revert_all(settle.live, settle.names_in_use, _stand_in)
     _installed = None

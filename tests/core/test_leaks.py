@@ -11,6 +11,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 
 def run_fresh(body: str) -> str:
     code = "import sys, threading, fxguard\nfrom fxguard import _core\n" + textwrap.dedent(body) + \
@@ -20,6 +22,7 @@ def run_fresh(body: str) -> str:
     return proc.stdout
 
 
+@pytest.mark.slow
 def test_twenty_thousand_short_lived_tracing_threads_leave_nothing_behind():
     out = run_fresh("""
         import gc, tracemalloc

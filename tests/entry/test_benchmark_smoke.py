@@ -7,6 +7,8 @@ import sys
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # minutes: `pytest --full` (CI) runs it
+
 BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "workarounds.py")
 
 

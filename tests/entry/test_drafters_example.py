@@ -11,7 +11,8 @@ from guarded import child_env, needs_the_gil_for_compile_once
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "drafters.py")
 
-pytestmark = needs_the_gil_for_compile_once  # its duplicate-compile count needs compile once
+# Minutes: `pytest --full` (CI) runs it.  Its duplicate-compile count needs compile once.
+pytestmark = [pytest.mark.slow, needs_the_gil_for_compile_once]
 
 
 @pytest.mark.parametrize("way", ["stock", "fxguard"])

@@ -7,11 +7,14 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 import _fxguard_startup
 
 import fxguard
 
 
+@pytest.mark.slow
 def test_install_uninstall_install_adds_no_second_hook():
     body = textwrap.dedent("""
         import atexit, os, sys

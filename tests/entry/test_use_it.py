@@ -16,6 +16,8 @@ import torch
 
 from guarded import torch_races
 
+pytestmark = pytest.mark.slow  # minutes: `pytest --full` (CI) runs it
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RACE = os.path.join(ROOT, "examples", "trace_vs_compiled_call.py")
 RACED = 1 if torch_races() else 0  # stock torch's exit status on trace_vs_compiled_call.py

@@ -97,6 +97,7 @@ def test_guards_still_separate(mode, variant):
 
 @pytest.mark.race
 @modes("off", "option-off", "on")
+@pytest.mark.slow
 def test_recompile_limit_not_eaten_by_copies(mode, request):
     if not _stock_run_in_a_child(request):
         scenarios.recompile_limit_not_eaten_by_copies()
@@ -212,6 +213,7 @@ _SCENARIO = textwrap.dedent('''
         "stock torch compiles once per thread (without compile_lock: at once; with "
         "inductor on torch 2.11 CPU it may segfault in the copy)"))),
     "on"])
+@pytest.mark.slow
 def test_scenarios_in_a_subprocess(guard, scenario):
     """Scenarios stock torch may crash in: three threads, one cold model, the
     first compile held open.  Without compile_lock (a future narrower lock) or

@@ -23,13 +23,15 @@ import sys
 import threading
 import traceback
 
+import pytest
+
 # Imported at collection, so that tests/conftest.py compiles on the main thread
 # first (torch 2.11's CUDA wheels without a GPU otherwise keep a compiling
 # thread's fake device guard after that thread ends: README, Limits).
 import torch  # noqa: F401
 from guarded import child_env, fresh_function, needs_the_gil
 
-pytestmark = needs_the_gil
+pytestmark = [pytest.mark.slow, needs_the_gil]
 
 
 def cache_entries(code) -> int:

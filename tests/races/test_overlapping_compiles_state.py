@@ -94,6 +94,7 @@ def clean_leftovers():
 # -- initial_global_state ------------------------------------------------------------
 
 @concurrent_ways("initial_global_state" in vars(convert_frame))
+@pytest.mark.slow
 def test_each_compile_guards_on_its_own_threads_grad_mode(way, monkeypatch, clean_leftovers):
     """A (grad on) is held inside its first tracing attempt (a custom op's fake
     implementation), which then restarts at a graph break; meanwhile B
@@ -529,6 +530,7 @@ def test_layout_indexing_allowed_only_in_the_thread_that_allows_it(way, monkeypa
 
 
 @pytest.mark.parametrize("way", ["on"])
+@pytest.mark.slow
 def test_inductor_compiles_with_per_thread_origins(way, monkeypatch):
     """The rewritten writers and the descriptors are what real lowering uses:
     kernels still name their origins (cpp kernel names)."""

@@ -27,7 +27,7 @@ import torch
 from guarded import (apply_way, child_env, concurrent_ways, finish, needs_the_gil, on_stack,
                      wait_until)
 
-pytestmark = needs_the_gil
+pytestmark = [pytest.mark.slow, needs_the_gil]
 
 HOLD = 120.0
 

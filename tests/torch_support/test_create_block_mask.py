@@ -71,6 +71,7 @@ def test_opt_out_leaves_create_block_mask_alone():
     assert fxguard.block_mask_lock.stats()["acquisitions"] == 0
 
 
+@pytest.mark.slow
 def test_fullgraph_compile_calling_create_block_mask_has_no_graph_break():
     fxguard.install()
     from torch.nn.attention.flex_attention import create_block_mask
@@ -96,6 +97,7 @@ def test_fxguard_create_block_mask_has_torchs_signature_and_doc():
     assert "create_block_mask" in dir(fxguard)
 
 
+@pytest.mark.slow
 def test_positional_compile_is_not_held_under_the_lock():
     """_compile=True compiles on a new shape: never under block_mask_lock, also
     when passed by position (torch's own signature says where)."""

@@ -15,6 +15,8 @@ import torch
 
 from guarded import child_env
 
+pytestmark = pytest.mark.slow  # minutes: `pytest --full` (CI) runs it
+
 # Two functions with equal code from two files (two code objects, two
 # compiles).  "one after another": thread A compiles and ends before thread B
 # starts (the interleaving forced); "at once": both start together.

@@ -13,6 +13,8 @@ import pytest
 
 from guarded import child_env
 
+pytestmark = pytest.mark.slow  # minutes: `pytest --full` (CI) runs it
+
 pytest.importorskip("torch")
 
 # Modules whose rows wait after a bare `import torch` (every supported torch).

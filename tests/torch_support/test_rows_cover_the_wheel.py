@@ -7,6 +7,8 @@ that write would land in a module attribute nobody reads after install().
 import ast
 import os
 
+import pytest
+
 import torch
 
 from fxguard.machinery import writers
@@ -69,6 +71,7 @@ def wheel_trees(names):
             yield rel, module, tree
 
 
+@pytest.mark.slow
 def test_every_writer_of_a_per_thread_class_attribute_is_covered():
     """concurrent_compiles' class attributes: every ``<spelling> = ...`` is a
     listed writer, every ``patch.object(<Cls>, "<attr>", ...)`` lies in a

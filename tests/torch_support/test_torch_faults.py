@@ -8,6 +8,7 @@ import threading
 import time
 import tracemalloc
 
+import pytest
 import torch
 
 import fxguard
@@ -104,6 +105,7 @@ def test_a_thread_that_exits_inside_fx_tracing_does_not_block_uninstall():
     assert not fxguard.is_installed()
 
 
+@pytest.mark.slow
 def test_twenty_thousand_short_lived_tracing_threads_are_bounded():
     """Before fxguard freed what torch 2.11's stash let go, each thread kept ~270 bytes
     there for good (benchmarks/RESULTS.md)."""

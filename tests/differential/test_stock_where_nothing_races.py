@@ -64,10 +64,20 @@ def test_fxguard_is_installed_in_its_runs_only(digests):
         assert digests["stock", state]["fxguard_installed"] is False, state
 
 
+# Programs whose compile draws where fxguard does not cover it (docs/limits.md):
+# those draws stay drawn where stock sets them back.
+NOT_STOCK = {
+    "verify_correctness_random": "the RNG row: verify_correctness's check runs draw at no "
+                                 "covered site, and their restore is skipped (docs/limits.md)",
+}
+
+
 def _cases():
     for name in PROGRAMS:
         marks = [pytest.mark.gpu, pytest.mark.skipif(
             not torch.cuda.is_available(), reason="needs CUDA")] if name in GPU else []
+        if name in NOT_STOCK:
+            marks.append(pytest.mark.xfail(strict=True, reason=NOT_STOCK[name]))
         for state in CACHES:
             yield pytest.param(name, state, marks=marks, id=f"{name}-{state}")
 

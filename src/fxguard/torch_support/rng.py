@@ -298,7 +298,10 @@ def _private_for(device: Any) -> Any:
 
 
 def _mode_class(functions: dict[object, str]) -> type:
+    global _OVERRIDES
+    import torch.overrides
     from torch.overrides import TorchFunctionMode
+    _OVERRIDES = torch.overrides.__file__
 
     class _PrivateDrawsMode(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -308,9 +311,40 @@ def _mode_class(functions: dict[object, str]) -> type:
                 generator = _private_for(_device_of(how, args, kwargs))
                 if generator is not None:
                     kwargs = {**kwargs, "generator": generator}
-            return func(*args, **kwargs)
+            return _as_caller(sys._getframe(1), func)(func, args, kwargs)
 
     return _PrivateDrawsMode
+
+
+def _forward(func, args, kwargs): return func(*args, **kwargs)  # noqa: E704 - one line
+
+
+_forwarders: dict[tuple[types.CodeType, int], types.FunctionType] = {}
+_OVERRIDES = ""  # torch/overrides.py, once the mode is made
+
+
+
+
+def _as_caller(above: types.FrameType, func: Any) -> types.FunctionType:
+    """``_forward`` in a code that reads as the line that called ``func``, so
+    that what ``func`` warns with a stacklevel names that line as stock does
+    (the mode's own frame would stand between them)."""
+    while above is not None and above.f_code.co_filename == _OVERRIDES:
+        above = above.f_back  # handle_torch_function
+    if above is not None and above.f_code is getattr(func, "__code__", None):
+        above = above.f_back  # func is Python: its first frame called handle_torch_function
+    if above is None:
+        return _forward
+    key = (above.f_code, above.f_lineno)
+    forward = _forwarders.get(key)
+    if forward is None:
+        if len(_forwarders) > 4096:
+            _forwarders.clear()
+        code = _forward.__code__.replace(co_filename=above.f_code.co_filename,
+                                         co_name=above.f_code.co_name,
+                                         co_firstlineno=above.f_lineno)
+        forward = _forwarders[key] = types.FunctionType(code, above.f_globals)
+    return forward
 
 
 # A compile-time draw site runs with the private-draws mode pushed (this thread only).

@@ -19,7 +19,7 @@ import threading
 import pytest
 import torch
 import torch.fx.traceback as fx_traceback
-from guarded import finish
+from guarded import finish, wait_until
 from torch.fx._symbolic_trace import is_fx_tracing
 from torch.utils._python_dispatch import TorchDispatchMode, is_in_torch_dispatch_mode
 
@@ -158,8 +158,10 @@ def _in_new_thread(fn):
 
 
 def _every_thread_reads_its_own():
-    """The main thread and a new one read the default, the next install() and
-    uninstall() work (and leave the default), names that waited are settled."""
+    """Names that waited for the other thread's frames are settled, the main
+    thread and a new one read the default, the next install() and uninstall()
+    work (and leave the default)."""
+    wait_until(lambda: not originals.held(), "the names held for frames to be settled")
     assert own_state() == DEFAULT
     assert _in_new_thread(own_state) == DEFAULT
     for step in (fxguard.install, lambda: fxguard.install(**OTHER), fxguard.uninstall,

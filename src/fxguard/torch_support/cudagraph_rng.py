@@ -15,14 +15,17 @@ What torch shares (``CUDAGeneratorImpl``, ``CUDAGraph``; docs/cuda-graphs.md):
   is capturing").
 
 What the row does, for the trees' own captures (a tree manager's first empty
-graph, each recording): where other threads' trees live on the device, a
-capture that draws nothing registers a state of the thread's own in place of
-the default one (the default state is swapped back as soon as the capture has
-begun), so nothing of the process is marked capturing; a capture that draws
-records with the thread's own state in place for the whole capture (the first
-thread to record such a graph on a device keeps the default state, as alone),
-so each thread's replays draw a stream of their own and never meet another's
-capture.  ``torch.cuda.synchronize()`` and a Triton kernel's first load wait
+graph, each recording): on torch <= 2.11, where other threads use CUDA graphs
+on the device (their tree managers or cuda_graph_thread() blocks), a capture
+that draws nothing (graph_draws: torch's own tag says so) registers a state of
+the thread's own in place of the default one (the default state is swapped
+back as soon as the capture has begun), so nothing of the process is marked
+capturing; a capture that draws records with the thread's own state in place
+for the whole capture (the first thread to record such a graph on a device
+keeps the default state, as alone), so each thread's replays draw a stream
+of their own and never meet another's capture.  A thread's own state is
+seeded from the device's seed and an ordinal that only grows, and
+torch.cuda.manual_seed(_all) reseeds every one.  ``torch.cuda.synchronize()`` and a Triton kernel's first load wait
 while another thread's capture itself (capture_begin to capture_end) runs on
 the device; not for its warm-up, which may wait for a compile they belong to.
 A capture is marked before capture_begin runs (which releases the GIL after

@@ -20,7 +20,7 @@ import textwrap
 import torch
 
 import fxguard
-from fxguard.torch_support import rng_sites
+from fxguard.torch_support import rng_sites, rows  # noqa: F401 - rows made before any patching
 from guarded import child_env
 
 

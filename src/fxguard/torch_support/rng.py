@@ -280,7 +280,9 @@ def _device_of(how: str, args: tuple, kwargs: dict) -> Any:
         device = kwargs.get("device")
         return torch.device(device) if device is not None else torch.get_default_device()
     first = args[0] if args else next(iter(kwargs.values()), None)
-    return first.device if isinstance(first, torch.Tensor) else None
+    if isinstance(first, torch.Tensor):
+        return first.device
+    return _device_of("factory", args, kwargs)  # torch.normal(mean, std, size): a factory
 
 
 def _private_for(device: Any) -> Any:

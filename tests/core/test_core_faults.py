@@ -161,6 +161,9 @@ def test_functions_without_arguments_reject_arguments(name):
     ("Reader", ("x",), TypeError),
     ("Reader", (99,), ValueError),
     ("Dispatch", (), TypeError),
+    ("_stat_paths", ("/",), TypeError),
+    ("_stat_paths", (1, "a"), TypeError),
+    ("_stat_paths", ("/", 1), TypeError),
 ])
 def test_bad_arguments_to_the_other_functions(name, args, error):
     with pytest.raises(error):
@@ -171,7 +174,17 @@ def test_every_public_function_is_checked():
     callables = {n for n in dir(_core) if callable(getattr(_core, n)) and not n.startswith("__")}
     assert callables == set(NO_ARGUMENT_FUNCTIONS) | {
         "_configure", "_extend_layout", "fx_tracing", "SlotView", "RLock", "_await_thread_exits",
-        "_function_version", "_restore_function_version", "Reader", "Dispatch"}
+        "_function_version", "_restore_function_version", "Reader", "Dispatch", "_stat_paths"}
+
+
+def test_stat_paths_reads_sizes_and_times_and_marks_what_is_missing(tmp_path):
+    import struct
+    (tmp_path / "a").write_bytes(b"xyz")
+    values = struct.unpack("4q", _core._stat_paths(str(tmp_path), "a\0missing"))
+    assert values[0] == 3 and values[1] == (tmp_path / "a").stat().st_mtime_ns
+    assert values[2:] == (-1, -1)
+    assert _core._stat_paths(str(tmp_path), "") == b""
+    assert struct.unpack("2q", _core._stat_paths(str(tmp_path / "none"), "a")) == (-1, -1)
 
 
 @pytest.mark.parametrize("args, kwargs, error", [

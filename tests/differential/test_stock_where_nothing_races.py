@@ -66,10 +66,7 @@ def test_fxguard_is_installed_in_its_runs_only(digests):
 
 # Programs whose compile draws where fxguard does not cover it (docs/limits.md):
 # those draws stay drawn where stock sets them back.
-NOT_STOCK = {
-    "verify_correctness_random": "the RNG row: verify_correctness's check runs draw at no "
-                                 "covered site, and their restore is skipped (docs/limits.md)",
-}
+NOT_STOCK: dict[str, str] = {}
 
 
 def _cases():

@@ -2,8 +2,7 @@
 
 Stock: dynamo's ``preserve_global_state`` saves the CPU and CUDA generator
 states when a compile starts and sets them back when it ends (so do AOT
-autograd's and inductor's ``preserve_rng_state`` windows and dynamo's
-``checkpoint_params``).  A thread that drew random numbers meanwhile (a warm
+autograd's and inductor's ``preserve_rng_state`` windows).  A thread that drew random numbers meanwhile (a warm
 drafter stepping while another compiles) draws the same numbers again
 afterwards: repeated dropout masks, noise and sampled positions.
 
@@ -26,9 +25,12 @@ enters the decision.
   outermost drops it), so one thread's compile draws exactly stock's numbers,
   and its default generators end the compile exactly where stock's restore
   leaves them.
+- dynamo's ``checkpoint_params`` (the debugging config ``verify_correctness``,
+  whose check runs the user's graph eagerly and compiled) saves and restores
+  as stock: one thread gives stock's numbers there, and other threads' draws
+  during that check are set back, as stock does.
 - What it does not cover: a draw inside a window at a place not listed (a
-  user's own backend that draws, dynamo's ``verify_correctness`` check runs, a
-  CUDA pattern's example input at the first compile, runtime windows such as
+  user's own backend that draws, a CUDA pattern's example input at the first compile, runtime windows such as
   a non-tree CUDA graph's warm-up in ``cudagraphify``) stays drawn where stock
   would set it back.  ``rng_sites`` classifies every draw call in torch's
   compiler source; a test fails on a call nobody classified, and ``needed``
@@ -67,8 +69,9 @@ CONVERT_FRAME = "torch._dynamo.convert_frame"
 SAVER = f"{CONVERT_FRAME}.preserve_global_state"
 # Where a compile saves and restores the generators: around the whole compile
 # (the contract the row needs), and inside it (AOT autograd's and inductor's
-# preserve_rng_state, dynamo's checkpoint_params) where this torch has them.
-SITES = (SAVER, "torch._dynamo.utils.preserve_rng_state", "torch._dynamo.utils.checkpoint_params")
+# preserve_rng_state) where this torch has them.  Not dynamo's checkpoint_params
+# (verify_correctness): its check runs the user's graph, whose draws no site covers.
+SITES = (SAVER, "torch._dynamo.utils.preserve_rng_state")
 
 Key = tuple[str, str, int]  # (file, name, first line) of a code object
 
@@ -133,7 +136,7 @@ class Windows:
     from a restore site) is skipped, pops back to that entry and sets the
     private generators back to those states (dropping those made since), as
     stock's restore would set the default.  A restore no save of its frame
-    matches (checkpoint_params' closure) is skipped and changes nothing."""
+    matches is skipped and changes nothing."""
 
     def __init__(self, kind: str) -> None:
         self.kind = kind

@@ -167,6 +167,7 @@ def test_help_names_every_command(tmp_path):
     assert proc.returncode == 0 and "--options" in proc.stdout
 
 
+@pytest.mark.slow
 def test_status_from_a_shell_says_what_install_would_do(tmp_path):
     """A new process has installed nothing: status prints install()'s plan for
     the installed torch, every row with its outcome, and says it changed nothing."""
@@ -207,6 +208,7 @@ def test_status_summary_and_version(tmp_path):
         assert proc.returncode == 0 and proc.stdout.strip() == f"fxguard {fxguard.__version__}"
 
 
+@pytest.mark.slow
 def test_status_groups_the_rows_by_the_option_that_turns_them_off(tmp_path):
     """Every row that is "option off" by default is concurrent_compiles' (the one option
     off by default), and status says so on that option's line, with how to turn it on."""

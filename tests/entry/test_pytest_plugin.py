@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 CHECK = """\
 import sys
 import fxguard
@@ -30,6 +32,7 @@ def load_plugin() -> list[str]:
     return ["-p", "fxguard.pytest_plugin"]
 
 
+@pytest.mark.slow
 def test_flag_installs_for_the_session_and_names_the_mode(tmp_path):
     proc = pytest_run(tmp_path, "--fxguard", "--fxguard-options", "eager_backward=0")
     assert proc.returncode == 0, proc.stdout + proc.stderr

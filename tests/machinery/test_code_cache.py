@@ -94,6 +94,7 @@ def test_a_changed_source_file_misses_and_its_old_entries_go(cache_dir, monkeypa
 
 
 @pytest.mark.parametrize("damage", ["truncated", "flipped byte", "other header", "empty"])
+@pytest.mark.slow
 def test_a_corrupt_file_is_rebuilt(cache_dir, damage):
     cold_status, cold = install()
     path = cache_file(cache_dir)
@@ -112,6 +113,7 @@ def test_a_corrupt_file_is_rebuilt(cache_dir, damage):
     assert stats["misses"] == 0  # written again, whole
 
 
+@pytest.mark.slow
 def test_values_of_the_wrong_type_are_recomputed_not_used(cache_dir):
     cold_status, cold = install()
     cold_code = installed_code()
@@ -129,6 +131,7 @@ def test_values_of_the_wrong_type_are_recomputed_not_used(cache_dir):
 
 @pytest.mark.skipif(not hasattr(os, "getuid") or os.getuid() != 0,
                     reason="giving a file to another owner needs root")
+@pytest.mark.slow
 def test_a_file_of_another_owner_is_not_read(cache_dir):
     _, cold = install()
     path = cache_file(cache_dir)
@@ -137,6 +140,7 @@ def test_a_file_of_another_owner_is_not_read(cache_dir):
     assert stats["misses"] == cold["misses"]
 
 
+@pytest.mark.slow
 def test_a_folder_that_cannot_be_made_still_installs(tmp_path, monkeypatch):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")

@@ -160,6 +160,7 @@ def test_reset_waits_for_a_compile_in_flight(way):
 
 
 @pytest.mark.xfail(strict=True, reason="reset() runs in the middle of a compile")
+@pytest.mark.slow
 def test_reset_waits_for_a_compile_in_flight_without_the_lock():
     """compile_lock made a no-op (turning it off alone): reset() runs mid-compile
     (on 2.13 the process dies: SIGFPE in the eval-frame callback), so in a child."""

@@ -7,6 +7,7 @@ that keeps the state process-wide the test must fail (strict xfail).
 """
 import threading
 
+import pytest
 import torch
 import torch.fx.traceback as fx_traceback
 from guarded import both_ways, needs, run_together
@@ -118,6 +119,7 @@ def test_make_fx_tracer_of_one_thread_is_invisible_to_another(guard):
     assert seen["b"] is None
 
 
+@pytest.mark.slow
 def test_fullgraph_compiles_of_the_rewritten_readers_have_no_graph_break():
     import contextlib
 

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 
 import fxguard
@@ -24,6 +25,7 @@ from fxguard.torch_support import rng_sites, rows  # noqa: F401 - rows made befo
 from guarded import child_env
 
 
+@pytest.mark.slow
 def test_every_draw_call_in_torchs_compiler_is_classified():
     calls = rng_sites.draw_calls(os.path.dirname(torch.__file__))
     assert calls, "the scan found no draw call at all: it is broken"
@@ -123,6 +125,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_compile_in_one_thread_leaves_the_default_generator(tmp_path):
     env = child_env(FXGUARD_CACHE_DIR=str(tmp_path / "fxguard"),
                     TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))

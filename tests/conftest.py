@@ -78,6 +78,11 @@ def pytest_addoption(parser):
                      help="also the long harnesses and the tests marked slow (minutes more)")
 
 
+def pytest_configure(config):
+    if config.getoption("--full"):
+        os.environ["FXGUARD_FULL"] = "1"   # the pytest runs harnesses start in children
+
+
 def pytest_collection_modifyitems(config, items):
     """README's test command runs the quick suite (a few minutes on 2 cores);
     ``--full`` adds the harnesses (tests/differential, faults, livethreads) and

@@ -8,6 +8,8 @@ import pytest
 
 from guarded import child_env
 
+pytestmark = pytest.mark.slow  # minutes: `pytest --full` (CI) runs it
+
 SCRIPT = """
 import sys, torch, torch._inductor.compile_fx, fxguard
 if sys.argv[1] == "on":
@@ -16,8 +18,6 @@ if sys.argv[1] == "on":
         print("not patched")
         raise SystemExit
 from torch._inductor.compile_fx import get_patched_config_dict
-
-pytestmark = pytest.mark.slow  # minutes: `pytest --full` (CI) runs it
 print(get_patched_config_dict({"fx_graph_cache": True, "max_autotune": True})["fx_graph_cache"])
 """
 

@@ -58,6 +58,7 @@ def rewrite_payload(path: str, change) -> None:
         f.write(header + hashlib.sha256(payload).digest() + payload)
 
 
+@pytest.mark.slow
 def test_a_warm_cache_gives_the_code_a_cold_one_computed(cache_dir):
     cold, stats = install()
     assert stats["misses"] > 0 and stats["path"].startswith(str(cache_dir))
@@ -75,6 +76,7 @@ def test_a_warm_cache_gives_the_code_a_cold_one_computed(cache_dir):
     assert not fxguard.is_fx_tracing()
 
 
+@pytest.mark.slow
 def test_a_changed_source_file_misses_and_its_old_entries_go(cache_dir, monkeypatch):
     _, cold = install()
     changed = torch.fx.traceback.__file__
@@ -151,6 +153,7 @@ def test_a_folder_that_cannot_be_made_still_installs(tmp_path, monkeypatch):
         assert any(r["patched"] for r in status["patch_points"])
 
 
+@pytest.mark.slow
 def test_an_empty_setting_turns_the_cache_off(monkeypatch):
     monkeypatch.setenv("FXGUARD_CACHE_DIR", "")
     assert code_cache.directory() is None

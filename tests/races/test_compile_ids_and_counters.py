@@ -60,6 +60,7 @@ def line_of(fn, text: str) -> int:
 @pytest.mark.parametrize("case", [compile_ids, describer_ids, graph_module_keys],
                          ids=["frame ids", "describer ids", "graph module keys"])
 @concurrent_ways()
+@pytest.mark.slow
 def test_two_threads_never_get_one_id(case, way, monkeypatch):
     fn, allocate, text = case()
     apply_way(way, monkeypatch, lock_hides=False)

@@ -31,6 +31,7 @@ pytestmark = pytest.mark.skipif(not interpreter.gil_enabled(),
 # install() and uninstall() run: tests/livethreads.
 
 
+@pytest.mark.slow
 def test_readers_through_install_cycles():
     """Bounded stress: a thread reads trace state through 10 install/uninstall cycles."""
     from torch.fx._symbolic_trace import is_fx_tracing

@@ -81,6 +81,7 @@ def test_a_thread_that_draws_during_the_window_is_not_rewound():
 
 
 @pytest.mark.parametrize("how", ["a thread's target", "atexit"])
+@pytest.mark.slow
 def test_no_python_caller_is_served_as_stock(how, tmp_path):
     """get_rng_state / set_rng_state as a bare _thread target or atexit
     callback: no Python frame beneath them, so no site, served as stock."""

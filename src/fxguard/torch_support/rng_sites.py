@@ -97,11 +97,34 @@ def _block(text: str, qualname: str) -> str | None:
     return text[start:end.start() if end else len(text)]
 
 
+_checked: dict[tuple, list[str]] = {}  # (the sites, their files' size and mtime): the answer
+
+
 def broken_draw_sites() -> list[str]:
     """The DRAW_SITES this torch lacks, or whose code no longer draws as
-    listed, read from torch's source files (nothing is imported)."""
+    listed, read from torch's source files (nothing is imported).  Each row
+    that waits for a module asks again: the answer is kept while no file
+    changed (one stat each)."""
+    sites = draw_sites()
+    paths = sorted({_source_path(site.where)[0] for site in sites})
+    key = (repr(sites),) + tuple((p, *_stamp(p)) for p in paths)
+    if key not in _checked:
+        _checked.clear()
+        _checked[key] = _broken(sites)
+    return list(_checked[key])
+
+
+def _stamp(path: str) -> tuple[int, int]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return -1, -1
+    return st.st_size, st.st_mtime_ns
+
+
+def _broken(sites: tuple[DrawSite, ...]) -> list[str]:
     broken = []
-    for site in draw_sites():
+    for site in sites:
         path, qualname = _source_path(site.where)
         try:
             with open(path, encoding="utf-8") as f:

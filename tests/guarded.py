@@ -1,5 +1,8 @@
 """Race tests run both ways: guard off must fail on a torch that races."""
 import itertools
+import json
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -40,6 +43,15 @@ def needs(path: str):
     except ImportError:
         present = False
     return pytest.mark.skipif(not present, reason=f"this torch has no {path}")
+
+
+def child_json(args, out, *, env, cwd, label: str):
+    """Run ``python args...`` (it writes JSON to ``out``), assert it exited 0, and
+    return that JSON: one differential run."""
+    done = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, f"{label} exited {done.returncode}:\n" + done.stderr[-4000:]
+    return json.loads(out.read_text())
 
 
 def run_raising(targets, timeout: float = 60.0, on_error=None, made=None) -> None:

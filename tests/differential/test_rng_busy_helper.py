@@ -13,14 +13,11 @@ beside them (FXGUARD_TEST_BUSY_HELPER=1); outputs and next draws must be
 stock's.  The int4 program needs an AVX512 CPU (inductor's int4 template);
 elsewhere it reports itself unsupported and only the other one runs.
 """
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from guarded import child_env, run_raising
+from guarded import child_env, child_json, run_raising
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROGRAMS = ("max_autotune_cpu_freezing", "max_autotune_int4_weight_only")
@@ -38,11 +35,8 @@ def _chain(mode: str, folder, results: dict) -> None:
                     TORCHINDUCTOR_CACHE_DIR=str(folder / f"inductor-{mode}"))
     for state in ("cold", "warm"):
         out = folder / f"{mode}-{state}.json"
-        done = subprocess.run([sys.executable, "-c", RUN, mode, str(out), *PROGRAMS], cwd=HERE,
-                              env=env, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, f"{mode} ({state}) exited {done.returncode}:\n" \
-            + done.stderr[-4000:]
-        results[mode, state] = json.loads(out.read_text())
+        results[mode, state] = child_json(["-c", RUN, mode, str(out), *PROGRAMS], out, env=env,
+                                          cwd=HERE, label=f"{mode} ({state})")
 
 
 @pytest.fixture(scope="module")

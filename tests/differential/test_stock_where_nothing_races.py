@@ -11,15 +11,12 @@ Programs are batched: one interpreter per (mode, cache state), the stock and
 fxguard chains side by side, so the suite costs about a minute and a half of a
 2-core machine.
 """
-import json
 import os
-import subprocess
-import sys
 import time
 
 import pytest
 
-from guarded import child_env, run_raising
+from guarded import child_env, child_json, run_raising
 
 pytest.importorskip("torch")
 import torch  # noqa: E402
@@ -39,11 +36,8 @@ def _chain(mode: str, folder, results: dict) -> None:
         out = folder / f"{mode}-{state}.json"
         env = child_env(FXGUARD=MODES[mode], TORCHINDUCTOR_CACHE_DIR=str(cache),
                         PYTHONHASHSEED="0")
-        done = subprocess.run([sys.executable, os.path.join(HERE, "run_programs.py"), str(out)],
-                              cwd=HERE, env=env, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, f"{mode} ({state}) exited {done.returncode}:\n" \
-            + done.stderr[-4000:]
-        results[mode, state] = json.loads(out.read_text())
+        results[mode, state] = child_json([os.path.join(HERE, "run_programs.py"), str(out)], out,
+                                          env=env, cwd=HERE, label=f"{mode} ({state})")
 
 
 @pytest.fixture(scope="module")

@@ -45,11 +45,16 @@ def current_frames() -> dict[int, types.FrameType]:
         return _core._current_frames()
 
 
+def _names() -> dict[int, str]:
+    """Thread names by ident, for messages only (decisions rest on the frames)."""
+    return {t.ident: t.name for t in threading.enumerate() if t.ident is not None}
+
+
 def threads_running(codes: Iterable[types.CodeType]) -> list[str]:
     """Names of the other threads with a frame of one of ``codes`` on their stack."""
     wanted = {id(code) for code in codes}
     me = threading.get_ident()
-    names = {t.ident: t.name for t in threading.enumerate()}
+    names = _names()
     busy = []
     for ident, frame in current_frames().items():
         if ident == me:
@@ -70,7 +75,7 @@ def threads_past(points: dict[types.CodeType, int]) -> list[str]:
     if not points or not interpreter.gil_enabled():
         return []
     wanted = {id(code): offset for code, offset in points.items()}
-    names = {t.ident: t.name for t in threading.enumerate()}
+    names = _names()
     me = threading.get_ident()
     found = []
     for ident, frame in current_frames().items():

@@ -622,3 +622,17 @@ def test_manual_seed_reseeds_every_threads_graphed_draws():
     first, second = joined()
     assert all(torch.equal(x, y) for x, y in zip(first, second))
     assert not torch.equal(first[0], first[1])
+
+
+def test_a_manual_seed_fxguard_does_not_know_stands_its_row_down_alone(monkeypatch):
+    """A changed torch.cuda.manual_seed stands the reseed row down (not covered)
+    and leaves the graphs' per-thread streams patched."""
+    import torch._inductor.cudagraph_trees  # noqa: F401 - the rows wait for it
+    fxguard.uninstall()
+
+    def manual_seed(value):  # another signature
+        return None
+    monkeypatch.setattr(torch.cuda.random, "manual_seed", manual_seed)
+    rows = {r["what"]: r for r in fxguard.install()["patch_points"]}
+    assert rows["CUDA-graph streams follow torch.cuda.manual_seed"]["outcome"] == "not covered"
+    assert rows["CUDA-graph random numbers per thread"]["outcome"] == "patched"

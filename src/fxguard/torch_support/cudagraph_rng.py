@@ -479,16 +479,28 @@ def rng_needed(_facts: Any) -> tuple[Outcome, str] | None:
     return None
 
 
+def reseed_needed(_facts: Any) -> tuple[Outcome, str] | None:
+    for where in ("torch.cuda.random.manual_seed", "torch.cuda.random.manual_seed_all"):
+        fn = plain_function(where)
+        if fn is None or "seed" not in fn.__code__.co_varnames[:fn.__code__.co_argcount]:
+            return (Outcome.NOT_COVERED, f"{where} is not the one fxguard knows: a later "
+                    "manual_seed leaves the threads' own CUDA-graph streams as they are")
+    return None
+
+
 ROWS = (
     Wrapped("CUDA-graph random numbers per thread",
             (Swap(NODE_RECORD, RECORD, (STREAMS,), params=("self", "model")),
              Swap(CAPTURE_BEGIN, BEGIN, (STREAMS,), params=("self",)),
-             Swap(CAPTURE_END, END, (STREAMS,), params=("self",)),
-             Swap("torch.cuda.random.manual_seed", RESEED.format(device=-1), (STREAMS,),
+             Swap(CAPTURE_END, END, (STREAMS,), params=("self",))),
+            rng_needed, option=OPTION),
+    # Its own row: a manual_seed fxguard does not know leaves the graphs' streams per thread.
+    Wrapped("CUDA-graph streams follow torch.cuda.manual_seed",
+            (Swap("torch.cuda.random.manual_seed", RESEED.format(device=-1), (STREAMS,),
                   params=("seed",)),
              Swap("torch.cuda.random.manual_seed_all", RESEED.format(device=None), (STREAMS,),
                   params=("seed",))),
-            rng_needed, option=OPTION),
+            reseed_needed, option=OPTION),
     Wrapped("torch.cuda.synchronize() waits for the device's recording",
             (Swap(SYNCHRONIZE, SYNC, (("waiting", lambda: recording_on),),
                   params=("device",)),),
